@@ -1,0 +1,5 @@
+import sys
+
+from scaler.cli import main
+
+sys.exit(main())

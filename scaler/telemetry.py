@@ -1,0 +1,142 @@
+"""The scaler's own logs and metrics.
+
+Logs: structlog, JSON lines on stdout (console rendering on a TTY), configured once at start.
+Metrics: a private CollectorRegistry. Per-target values are read from the latest snapshots at
+scrape time by a custom collector, so an evicted target or a replica that left leaves no stale series.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Final
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from scaler.metadata import TriggerConfig
+from scaler.scrape import ScrapeResult
+from scaler.target import REPLICA_STATES, Target
+
+__all__ = ["ScalerMetrics", "configure_logging"]
+
+VERSION: Final = "0.1.0"
+_TARGET_LABELS: Final = ("namespace", "scaledobject", "target")
+
+
+def configure_logging(level: str = "info", json: bool | None = None) -> None:
+    """Configure structlog (and stdlib logging from grpc/httpx) once, at process start."""
+    if json is None:
+        json = not sys.stdout.isatty()
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    numeric = logging.getLevelNamesMapping()[level.upper()]
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.WriteLoggerFactory(sys.stdout),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # httpx logs every request at INFO
+
+
+class _TargetCollector(Collector):
+    def __init__(self, targets: Callable[[], Iterable[Target]], clock: Callable[[], float]) -> None:
+        self._targets = targets
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        def family(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"llm_scaler_{name}", doc, labels=[*_TARGET_LABELS, *extra])
+
+        composite = family("composite", "Composite demand served to KEDA, in replica-equivalents")
+        term = family("composite_term", "Composite broken into its terms (load, queue, reject, assumed)",
+                      ("term",))
+        reason = family("decision_reason", "1 for the term that dominates the composite", ("reason",))
+        up = family("target_up", "1 when GetMetrics answers with a value, 0 when it answers UNAVAILABLE")
+        active = family("active", "1 when IsActive is true (composite > activationThreshold)")
+        waiting = family("waiting_requests", "Requests waiting, summed over replicas with data")
+        running = family("running_requests", "Requests running, summed over replicas with data")
+        kv = family("kv_usage_ratio", "Mean KV-cache usage (0-1) over replicas with data")
+        rejects = family("rejects_per_second", "Admission rejects per second, fleet total")
+        preempt = family("preemptions_per_second", "Preemptions per second, fleet total")
+        ttft = family("ttft_p95_seconds", "p95 time to first token over the rate window")
+        qtime = family("queue_time_p95_seconds", "p95 time spent waiting over the rate window")
+        replicas = family("replicas", "Replicas by scrape state (fresh, stale, expired)", ("state",))
+        age = family("snapshot_age_seconds", "Seconds since the target's last scrape cycle finished")
+        count = GaugeMetricFamily("llm_scaler_targets", "Targets (ScaledObject fleets) being scraped")
+        now = self._clock()
+        targets = list(self._targets())
+        count.add_metric([], len(targets))
+        for t in targets:
+            labels = [t.cfg.namespace, t.cfg.name, t.id]
+            snap = t.snapshot
+            up.add_metric(labels, 1.0 if t.is_fresh() else 0.0)
+            if snap is None:
+                continue
+            age.add_metric(labels, now - snap.taken_at)
+            for state in REPLICA_STATES:
+                replicas.add_metric([*labels, state], snap.count(state))
+            if snap.composite is not None:
+                c = snap.composite
+                composite.add_metric(labels, c.value)
+                active.add_metric(labels, 1.0 if c.active(t.cfg.activation_threshold) else 0.0)
+                for name, value in (("load", c.load), ("queue", c.queue), ("reject", c.reject),
+                                    ("assumed", c.assumed)):
+                    term.add_metric([*labels, name], value)
+                reason.add_metric([*labels, c.dominant], 1.0)
+            waiting.add_metric(labels, snap.waiting)
+            running.add_metric(labels, snap.running)
+            for fam, value in ((kv, snap.kv_usage), (rejects, snap.reject_rate), (preempt, snap.preemption_rate),
+                               (ttft, snap.ttft_p95_s), (qtime, snap.queue_time_p95_s)):
+                if value is not None:
+                    fam.add_metric(labels, value)
+        yield from (composite, term, reason, up, active, waiting, running, kv, rejects, preempt, ttft, qtime,
+                    replicas, age, count)
+
+
+class ScalerMetrics:
+    """Owns the registry; also the ScrapeObserver handed to every target."""
+
+    def __init__(self, targets: Callable[[], Iterable[Target]], clock: Callable[[], float] = time.monotonic):
+        self.registry = CollectorRegistry()
+        self.scrape_duration = Histogram(
+            "llm_scaler_scrape_duration_seconds", "Duration of one replica scrape (fetch + parse)",
+            ["namespace", "scaledobject"], registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+        )
+        self.scrape_errors = Counter(
+            "llm_scaler_scrape_errors", "Failed replica scrapes by reason", ["namespace", "scaledobject", "reason"],
+            registry=self.registry,
+        )
+        self.rpc_duration = Histogram(
+            "llm_scaler_rpc_duration_seconds", "gRPC handling time by method and status code",
+            ["method", "code"], registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 3.0),
+        )
+        build = GaugeMetricFamily("llm_scaler_build_info", "Build information", labels=["version"])
+        build.add_metric([VERSION], 1.0)
+
+        class _Build(Collector):
+            def collect(self) -> Iterator[Metric]:
+                yield build
+
+        self.registry.register(_Build())
+        self.registry.register(_TargetCollector(targets, clock))
+
+    def scrape_done(self, cfg: TriggerConfig, result: ScrapeResult) -> None:
+        self.scrape_duration.labels(cfg.namespace, cfg.name).observe(result.duration_s)
+        if result.reason is not None:
+            self.scrape_errors.labels(cfg.namespace, cfg.name, result.reason).inc()
