@@ -96,7 +96,7 @@ class Composite:
     queue: float
     reject: float
     assumed: float  # demand added by replicas counted as at-target for lack of data
-    dominant: str  # the largest term: load | queue | reject | assumed | idle
+    dominant: str  # why: reject (any replica rejecting), else the largest of load | queue | assumed; idle
 
     def active(self, activation_threshold: float) -> bool:
         return self.value > activation_threshold
@@ -149,7 +149,12 @@ def composite(replicas: Sequence[ReplicaInput], p: ScoringParams) -> Composite:
         "reject": reject,
         "assumed": assumed,
     }
-    dominant = max(terms, key=lambda k: terms[k]) if total > 0 else "idle"
+    if total <= 0:
+        dominant = "idle"
+    elif any(s.rejecting for s in scores):
+        dominant = "reject"  # rejects also lift load to 1: they are the reason either way
+    else:
+        dominant = max(terms, key=lambda k: terms[k])
     return Composite(
         value=round(total, 3),
         replicas=len(scores),

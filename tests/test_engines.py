@@ -1,0 +1,111 @@
+"""Engine adapters on real fixtures and on engine-rendered payloads."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaler.engines import read_replica
+from scaler.errors import MissingSignal, ModelNotFound, UnrecognizedPayload
+from tests.conftest import fixture_text
+from tests.payloads import MODEL, EngineLoad, sglang, vllm_v1
+
+
+def _engines(text: str, **kw: object) -> list[tuple[str, float, float, float]]:
+    r = read_replica(text, **kw)  # type: ignore[arg-type]
+    return [(e.rank, e.waiting, e.running, e.kv_usage) for e in r.engines]
+
+
+def test_vllm_v1_single_engine_matches_fixture_header() -> None:
+    # header: "engine 0: running=42 waiting=7 kv=0.63 preemptions=3"
+    r = read_replica(fixture_text("vllm_v1_reconstructed_latest_1engine.txt"))
+    assert r.engine == "vllm"
+    assert (r.waiting, r.running, r.kv_usage, r.preemptions_total) == (7, 42, 0.63, 3)
+    assert r.models == (MODEL,)
+    assert r.rejects_total == 12.0  # http_requests_total{handler="/v1/...",status="5xx"}
+
+
+def test_vllm_v010_data_parallel_engines_and_both_kv_names() -> None:
+    text = fixture_text("vllm_v1_reconstructed_v0.10_dp4.txt")
+    assert _engines(text) == [
+        ("0", 0, 120, 0.41), ("1", 18, 251, 0.97), ("2", 3, 200, 0.88), ("3", 0, 0, 0.0),
+    ]
+    r = read_replica(text)
+    assert r.waiting == 21 and r.running == 571
+    assert r.kv_usage == pytest.approx((0.41 + 0.97 + 0.88 + 0.0) / 4)  # mean: both names, never added
+    assert r.kv_usage_max == 0.97
+    assert r.preemptions_total == 61
+
+
+def test_vllm_v0_fixture() -> None:
+    r = read_replica(fixture_text("vllm_v0.4.x_datadog-fixture.txt"))
+    assert (r.engine, r.waiting, r.running, r.kv_usage) == ("vllm", 0, 0, 0)
+    assert [e.rank for e in r.engines] == ["0"]
+    assert r.ttft is not None and r.ttft.count == 1
+
+
+def test_sglang_docs_fixture() -> None:
+    r = read_replica(fixture_text("sglang_v0.4.x_docs-production-metrics-md.txt"))
+    assert (r.engine, r.waiting, r.running, r.kv_usage) == ("sglang", 2826, 162, 0.28)
+    assert r.rejects_total is None  # SGLang exports no reject counter: the term is unavailable, not 0
+
+
+@pytest.mark.parametrize(
+    "fixture",
+    ["tgi_v2-v3_datadog-payload_TRUNCATED.txt", "triton-trtllm_docs-example_newer.txt",
+     "llamacpp_2025-06_pr13196-comment_excerpt.txt", "vllm_v1_docs-http-instrumentator-grep.txt"],
+)
+def test_other_engines_are_unrecognized_not_zero(fixture: str) -> None:
+    with pytest.raises(UnrecognizedPayload):
+        read_replica(fixture_text(fixture))
+
+
+def test_missing_family_is_an_error_not_zero() -> None:
+    text = "\n".join(line for line in fixture_text("vllm_v1_docs-design-metrics-md_elided.txt").splitlines()
+                     if line != "...")
+    with pytest.raises(MissingSignal, match="num_requests_waiting"):
+        read_replica(text)
+
+
+def test_old_kv_name_only_v0_and_early_v1() -> None:
+    text = vllm_v1([EngineLoad(1, 2, 0.5)], kv_names=["vllm:gpu_cache_usage_perc"])
+    assert read_replica(text).kv_usage == 0.5
+
+
+def test_new_kv_name_wins_when_both_differ() -> None:
+    text = (
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n'
+        'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n'
+        'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.9\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.3\n'
+    )
+    assert read_replica(text).kv_usage == 0.3
+
+
+def test_model_filter() -> None:
+    text = vllm_v1([EngineLoad(4, 8, 0.5)], model="a") + vllm_v1([EngineLoad(1, 1, 0.1)], model="b").replace(
+        "# HELP", "# HELP-ignored").replace("# TYPE", "# TYPE-ignored")
+    assert read_replica(text, model="a").waiting == 4
+    assert read_replica(text, model="b").waiting == 1
+    with pytest.raises(ModelNotFound, match=r"\['a', 'b'\]"):
+        read_replica(text, model="c")
+
+
+def test_reject_source_ignores_non_generation_handlers_and_counts_lazy_5xx_as_zero() -> None:
+    assert read_replica(vllm_v1(http_2xx=10)).rejects_total == 0.0
+    assert read_replica(vllm_v1(http_2xx=10, http_5xx=4)).rejects_total == 4.0
+
+
+def test_sglang_ranks_sum_over_dp_and_not_over_tp() -> None:
+    text = sglang([EngineLoad(3, 10, 0.5), EngineLoad(1, 20, 0.7)], tp_ranks=4, finished=9)
+    r = read_replica(text)
+    assert [(e.rank, e.waiting, e.running, e.kv_usage) for e in r.engines] == [
+        ("0", 3, 10, 0.5), ("1", 1, 20, 0.7)]
+    assert (r.waiting, r.running, r.kv_usage, r.kv_usage_max) == (4, 30, 0.6, 0.7)
+    assert r.admitted_total == 9
+
+
+def test_sglang_early_name_label_and_explicit_engine() -> None:
+    text = sglang([EngineLoad(2, 5, 0.25)]).replace("model_name=", "name=")
+    assert read_replica(text, engine="sglang", model=MODEL).waiting == 2
+    with pytest.raises(MissingSignal):
+        read_replica(text, engine="vllm")

@@ -1,0 +1,104 @@
+"""Trigger metadata: defaults, every key's validation naming the key, address safety, hints."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaler.errors import BadMetadata
+from scaler.metadata import metadata_hints, parse_trigger
+
+BASE = {"scalerAddress": "scaler.keda:9090", "endpoints": "http://10.0.0.7:8000"}
+
+
+def parse(extra: dict[str, str] | None = None, *, base: dict[str, str] | None = None, **kw: bool):
+    return parse_trigger("serving", "llm", {**(BASE if base is None else base), **(extra or {})}, **kw)
+
+
+def test_defaults() -> None:
+    cfg = parse()
+    assert cfg.discovery.kind == "static"
+    assert cfg.discovery.endpoints == ("http://10.0.0.7:8000/metrics",)
+    assert (cfg.engine, cfg.model) == ("auto", None)
+    assert cfg.scoring.target_kv_usage == 0.85 and cfg.scoring.target_queue_depth == 5.0
+    assert (cfg.activation_threshold, cfg.target_value) == (0.0, 1.0)
+    assert (cfg.scrape_interval, cfg.scrape_timeout, cfg.stale_after) == (5.0, 2.0, 15.0)
+
+
+def test_keda_and_unknown_keys_are_ignored_and_do_not_change_identity() -> None:
+    extra = {"enableTLS": "false", "unsafeSsl": "true", "metricType": "Value", "tokenFromEnv": "x", "foo": "bar"}
+    assert parse(extra).key == parse().key
+
+
+def test_endpoints_normalised_sorted_deduplicated() -> None:
+    cfg = parse({"endpoints": " http://b:8000/ ,http://a:8000, http://b:8000,https://[::1]:8443/custom/path"})
+    assert cfg.discovery.endpoints == (
+        "http://a:8000/metrics", "http://b:8000/metrics", "https://[::1]:8443/custom/path")
+    assert parse({"metricsPath": "/m"}).discovery.endpoints == ("http://10.0.0.7:8000/m",)
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ({"endpoints": ""}, "endpoints | dnsName | service"),
+        ({"dnsName": "vllm.serving.svc"}, "endpoints | dnsName | service"),
+        ({"endpoints": "ftp://10.0.0.1/"}, "endpoints"),
+        ({"endpoints": "file:///etc/passwd"}, "endpoints"),
+        ({"endpoints": "http://169.254.169.254/latest/meta-data"}, "endpoints"),
+        ({"endpoints": "http://[fe80::1]:8000"}, "endpoints"),
+        ({"endpoints": "http://[::ffff:169.254.169.254]:80"}, "endpoints"),
+        ({"endpoints": "http://user:pw@10.0.0.1:8000"}, "endpoints"),
+        ({"endpoints": "http://10.0.0.1:99999"}, "endpoints"),
+        ({"engine": "tgi"}, "engine"),
+        ({"targetKvUsage": "abc"}, "targetKvUsage"),
+        ({"targetKvUsage": "0"}, "targetKvUsage"),
+        ({"targetKvUsage": "85"}, "targetKvUsage"),
+        ({"targetKvUsage": "nan"}, "targetKvUsage"),
+        ({"targetQueueDepth": "-1"}, "targetQueueDepth"),
+        ({"activationThreshold": "-0.5"}, "activationThreshold"),
+        ({"targetValue": "0"}, "targetValue"),
+        ({"targetValue": "inf"}, "targetValue"),
+        ({"scrapeInterval": "0.1"}, "scrapeInterval"),
+        ({"scrapeInterval": "5s"}, "scrapeInterval"),
+        ({"scrapeTimeout": "10"}, "scrapeTimeout"),
+        ({"metricsPath": "metrics"}, "metricsPath"),
+        ({"staleAfter": "1"}, "staleAfter"),
+    ],
+)
+def test_bad_values_name_the_key_and_accepted_values(extra: dict[str, str], key: str) -> None:
+    with pytest.raises(BadMetadata) as err:
+        parse(extra)
+    assert err.value.key == key
+    assert f"metadata key {key!r}" in str(err.value) and "accepted:" in str(err.value)
+
+
+def test_missing_discovery_key() -> None:
+    with pytest.raises(BadMetadata, match="exactly one discovery key"):
+        parse(base={"scalerAddress": "x:1"})
+
+
+def test_dns_and_service_discovery() -> None:
+    dns = parse(base={"dnsName": "vllm-headless.serving.svc.cluster.local", "engine": "sglang"})
+    assert (dns.discovery.kind, dns.discovery.port) == ("dns", 30000)
+    svc = parse(base={"service": "vllm", "port": "8001"})
+    assert (svc.discovery.kind, svc.discovery.namespace, svc.discovery.port) == ("kubernetes", "serving", 8001)
+    with pytest.raises(BadMetadata, match="cross-namespace") as err:
+        parse(base={"service": "other/vllm"})
+    assert err.value.key == "service"
+    assert parse(base={"service": "other/vllm"}, allow_cross_namespace=True).discovery.namespace == "other"
+    with pytest.raises(BadMetadata) as err:
+        parse(base={"service": "vllm", "port": "http"})
+    assert err.value.key == "port"
+    with pytest.raises(BadMetadata) as err:
+        parse(base={"dnsName": "169.254.169.254"})
+    assert err.value.key == "dnsName"
+
+
+def test_hints_for_likely_mistakes() -> None:
+    hints = metadata_hints({**BASE, "metricType": "Value", "caCert": "x", "targetKVUsage": "0.8",
+                            "endpoint": "http://x", "enableTLS": "true", "fooFromEnv": "y", "zzz": "1"})
+    text = "\n".join(hints)
+    assert "metricType is a trigger field" in text
+    assert "TriggerAuthentication" in text
+    assert "did you mean 'targetKvUsage'" in text
+    assert "did you mean 'endpoints'" in text
+    assert "enableTLS" not in text and "fooFromEnv" not in text and "zzz" not in text

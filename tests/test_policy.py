@@ -1,0 +1,141 @@
+"""The composite's contract, property by property (issue #2, (a)-(h))."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scaler.errors import NoFreshData
+from scaler.policy import IN_FLIGHT_FLOOR, ReplicaInput, ScoringParams, composite
+
+P = ScoringParams(target_kv_usage=0.85, target_queue_depth=5.0)
+
+
+def fleet(n: int, **kw: float | bool | None) -> list[ReplicaInput]:
+    return [ReplicaInput(**kw) for _ in range(n)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 64])
+@pytest.mark.parametrize("kv_target", [0.5, 0.8, 0.85, 0.9, 1.0])
+def test_a_every_replica_at_target_equals_replica_count(n: int, kv_target: float) -> None:
+    p = ScoringParams(target_kv_usage=kv_target)
+    c = composite(fleet(n, waiting=0, running=30, kv_usage=kv_target, reject_rate=0, admitted_rate=5), p)
+    assert c.value == pytest.approx(n, rel=0.01)
+
+
+replica = st.builds(
+    ReplicaInput,
+    waiting=st.floats(0, 500),
+    running=st.floats(0, 512),
+    kv_usage=st.floats(0, 1),
+    reject_rate=st.one_of(st.none(), st.floats(0, 100)),
+    admitted_rate=st.one_of(st.none(), st.floats(0, 100)),
+    expired=st.booleans(),
+)
+
+
+@given(st.lists(replica, min_size=1, max_size=8), st.data())
+def test_b_monotone_in_waiting_kv_and_rejects(replicas: list[ReplicaInput], data: st.DataObject) -> None:
+    if all(r.expired for r in replicas):
+        replicas[0] = ReplicaInput(**{**_fields(replicas[0]), "expired": False})
+    base = composite(replicas, P).value
+    i = data.draw(st.integers(0, len(replicas) - 1))
+    field = data.draw(st.sampled_from(["waiting", "kv_usage", "reject_rate"]))
+    old = getattr(replicas[i], field) or 0.0
+    new = data.draw(st.floats(old, old + 100 if field != "kv_usage" else 1.0))
+    bumped = list(replicas)
+    bumped[i] = ReplicaInput(**{**_fields(replicas[i]), field: new})
+    assert composite(bumped, P).value >= base
+
+
+def _fields(r: ReplicaInput) -> dict[str, object]:
+    return {f: getattr(r, f) for f in ReplicaInput.__dataclass_fields__}
+
+
+@pytest.mark.parametrize("kv", [0.85, 0.9, 1.0])
+def test_c_queue_draining_with_kv_at_target_keeps_replica_count(kv: float) -> None:
+    n = 4
+    values = [composite(fleet(n, waiting=w, running=40, kv_usage=kv), P).value for w in (40, 20, 5, 1, 0)]
+    assert values == sorted(values, reverse=True)
+    assert min(values) >= n
+
+
+def test_d_many_running_with_low_kv_is_below_replica_count() -> None:
+    c = composite(fleet(5, waiting=0, running=200, kv_usage=0.3, reject_rate=0.0, admitted_rate=20), P)
+    assert 0 < c.value < 5
+    assert math.ceil(c.value) < 5  # the HPA can scale down
+
+
+@pytest.mark.parametrize("admitted", [None, 0.0, 2.0, 50.0])
+def test_e_rejects_alone_push_above_replica_count(admitted: float | None) -> None:
+    c = composite(fleet(3, waiting=0, running=4, kv_usage=0.1, reject_rate=1.5, admitted_rate=admitted), P)
+    assert c.value > 3
+    assert c.dominant == "reject"
+
+
+def test_e_one_rejecting_replica_in_an_idle_fleet_still_adds_capacity() -> None:
+    replicas = [ReplicaInput(waiting=0, running=1, kv_usage=0.05, reject_rate=0, admitted_rate=1)] * 3
+    replicas.append(ReplicaInput(waiting=0, running=1, kv_usage=0.05, reject_rate=2, admitted_rate=4))
+    assert composite(replicas, P).value > 4
+
+
+def test_e_a_stray_error_is_not_a_reject_storm() -> None:
+    busy = ReplicaInput(waiting=0, running=50, kv_usage=0.5, reject_rate=0.01, admitted_rate=20)
+    assert composite([busy] * 2, P).value == composite([ReplicaInput(0, 50, 0.5, 0, 20)] * 2, P).value
+
+
+def test_f_expired_replica_counts_at_least_at_target() -> None:
+    fresh = ReplicaInput(waiting=0, running=10, kv_usage=0.17)
+    never_seen = ReplicaInput(expired=True)
+    last_good_idle = ReplicaInput(waiting=0, running=0, kv_usage=0.0, expired=True)
+    last_good_busy = ReplicaInput(waiting=10, running=20, kv_usage=0.85, expired=True)
+    assert composite([fresh, never_seen], P).value == pytest.approx(0.2 + 1.0)
+    assert composite([fresh, last_good_idle], P).value == pytest.approx(0.2 + 1.0)
+    assert composite([fresh, last_good_busy], P).value == pytest.approx(0.2 + 1.5)
+    assert composite([fresh, never_seen], P).dominant == "assumed"
+
+
+def test_f_no_fresh_replica_is_unavailable_and_empty_fleet_is_zero() -> None:
+    with pytest.raises(NoFreshData):
+        composite([ReplicaInput(expired=True)] * 3, P)
+    c = composite([], P)
+    assert c.value == 0 and not c.active(0.0)
+
+
+@given(st.lists(replica, min_size=1, max_size=16))
+def test_g_deterministic(replicas: list[ReplicaInput]) -> None:
+    try:
+        first = composite(replicas, P)
+    except NoFreshData:
+        return
+    assert composite(list(replicas), P) == first
+    assert first.value == round(first.value, 3) and first.value >= 0 and math.isfinite(first.value)
+
+
+@pytest.mark.parametrize(("waiting", "running"), [(0, 1), (1, 0), (3, 7)])
+def test_h_work_in_flight_is_never_inactive(waiting: float, running: float) -> None:
+    c = composite([ReplicaInput(waiting=waiting, running=running, kv_usage=0.0)], P)
+    assert c.value >= IN_FLIGHT_FLOOR
+    assert c.active(0.0)
+
+
+def test_idle_fleet_is_inactive() -> None:
+    assert not composite(fleet(3, waiting=0, running=0, kv_usage=0.0), P).active(0.0)
+
+
+def test_queue_counts_in_running_batches() -> None:
+    small = composite([ReplicaInput(waiting=10, running=2, kv_usage=0.0)], P)
+    large = composite([ReplicaInput(waiting=10, running=200, kv_usage=0.0)], P)
+    assert small.queue == pytest.approx(2.0)  # 10 / max(5, 2)
+    assert large.queue == pytest.approx(0.05)  # 10 / 200
+
+
+def test_hpa_asks_for_ceil_of_composite() -> None:
+    # AverageValue with target 1: desired = ceil(sum / 1), whatever the current replica count.
+    replicas = [ReplicaInput(waiting=6, running=5, kv_usage=0.85)] * 3
+    c = composite(replicas, P)
+    assert c.value == pytest.approx(3 * (1 + 6 / 5))
+    assert math.ceil(c.value / 1.0) == 7

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scaler.rates import CounterWindow, HistogramWindow
+from scaler.signals import Histogram, histogram_quantile
+
+
+def test_first_sighting_has_no_rate() -> None:
+    w = CounterWindow(30)
+    w.observe(0, 1_000_000)
+    assert w.rate() is None
+
+
+def test_rate_over_window_and_counter_reset() -> None:
+    w = CounterWindow(30)
+    for t, v in [(0, 100), (5, 110), (10, 120), (15, 5), (20, 15)]:  # restart at t=15
+        w.observe(t, v)
+    # increases: 10 + 10 + 5 (since reset) + 10 = 35 over 20 s
+    assert w.rate() == pytest.approx(35 / 20)
+
+
+def test_window_slides() -> None:
+    w = CounterWindow(10)
+    for t in range(0, 61, 5):
+        w.observe(t, 2.0 * t if t < 40 else 80)
+    assert w.rate() == 0.0  # flat for the last 10+ seconds
+
+
+def _hist(counts: list[float]) -> Histogram:
+    les = [0.1, 0.5, 1.0, math.inf]
+    return Histogram(tuple(zip(les, counts, strict=True)), counts[-1], 0.0)
+
+
+def test_histogram_quantile_like_prometheus() -> None:
+    h = _hist([10, 50, 90, 100])
+    assert histogram_quantile(0.5, h) == pytest.approx(0.1 + (0.5 - 0.1) * (50 - 10) / 40)
+    assert histogram_quantile(0.99, h) == 1.0  # falls in +Inf: the largest finite bound
+    assert histogram_quantile(0.5, _hist([0, 0, 0, 0])) is None
+
+
+def test_histogram_window_uses_deltas_and_survives_reset() -> None:
+    w = HistogramWindow(30)
+    w.observe(0, _hist([1000, 1000, 1000, 1000]))  # long history of fast requests
+    w.observe(10, _hist([1000, 1000, 1010, 1010]))  # the last 10 s: all between 0.5 and 1 s
+    assert 0.5 < (w.quantile(0.95) or 0) <= 1.0
+    w.observe(20, _hist([0, 0, 0, 0]))  # restart
+    assert w.quantile(0.95) is None

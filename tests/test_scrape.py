@@ -1,0 +1,80 @@
+"""Scraping real loopback replicas: every failure mode is a reason on that replica, never a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from scaler.scrape import Scraper
+from tests.payloads import EngineLoad, vllm_v1
+from tests.replicas import Replica, replicas, unused_port
+
+GOOD = vllm_v1([EngineLoad(2, 10, 0.5)])
+
+
+@pytest.fixture
+async def scraper():
+    s = Scraper(max_bytes=256 * 1024)
+    yield s
+    await s.aclose()
+
+
+async def test_good_replica(scraper: Scraper) -> None:
+    with replicas(GOOD) as (r,):
+        res = await scraper.scrape(r.url + "/metrics", timeout=2, engine="auto", model=None)
+    assert res.reason is None and res.signals is not None
+    assert (res.signals.waiting, res.signals.running, res.signals.kv_usage) == (2, 10, 0.5)
+    assert res.size > 0
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "reason"),
+    [
+        ({"status": 503}, "http_503"),
+        ({"status": 404}, "http_404"),
+        ({"garbage": True}, "unrecognized_payload"),
+        ({"payload": "vllm:num_requests_waiting{engine=\"0\" 1\n"}, "parse_error"),
+        ({"payload": "# engine still starting\n"}, "unrecognized_payload"),
+        ({"huge_bytes": 1024 * 1024}, "too_large"),
+        ({"delay_s": 3.0}, "timeout"),
+        ({"drip_s": 0.2}, "timeout"),
+        ({"hang_up": True}, "http_error"),
+    ],
+    ids=["503", "404", "garbage", "malformed", "empty", "huge", "slow-headers", "slow-body", "hang-up"],
+)
+async def test_failures_are_reasons(scraper: Scraper, behaviour: dict[str, object], reason: str) -> None:
+    with replicas(GOOD) as (r,):
+        r.set(**behaviour)
+        start = time.perf_counter()
+        res = await scraper.scrape(r.url + "/metrics", timeout=1.0, engine="auto", model=None)
+        elapsed = time.perf_counter() - start
+    assert res.signals is None
+    assert res.reason == reason, res.detail
+    assert elapsed < 1.5  # the deadline covers headers and body
+
+
+async def test_nothing_listening(scraper: Scraper) -> None:
+    res = await scraper.scrape(f"http://127.0.0.1:{unused_port()}/metrics", timeout=1, engine="auto", model=None)
+    assert res.reason == "connect_error"
+
+
+async def test_one_slow_replica_does_not_delay_the_others(scraper: Scraper) -> None:
+    with replicas(GOOD, GOOD, GOOD) as fleet:
+        fleet[0].set(delay_s=1.5)
+        start = time.perf_counter()
+        results = await asyncio.gather(*(scraper.scrape(r.url + "/metrics", timeout=1.0, engine="auto", model=None)
+                                         for r in fleet))
+        assert time.perf_counter() - start < 1.4
+    assert [r.reason for r in results] == ["timeout", None, None]
+
+
+async def test_redirects_are_not_followed(scraper: Scraper) -> None:
+    r = Replica(GOOD)
+    try:
+        r.set(status=302)
+        res = await scraper.scrape(r.url + "/metrics", timeout=1, engine="auto", model=None)
+        assert res.reason == "http_302"
+    finally:
+        r.close()
