@@ -66,7 +66,7 @@ async def _fetch_signals(target: str, engine: str, model: str | None, timeout: f
 
 def _read_signals(args: argparse.Namespace) -> tuple[str, ReplicaSignals]:
     target: str = args.target
-    if target.startswith(("http://", "https://")):
+    if "://" in target:
         return target, asyncio.run(_fetch_signals(target, args.engine, args.model, args.timeout))
     try:
         text = sys.stdin.read() if target == "-" else Path(target).read_text(encoding="utf-8", errors="replace")

@@ -225,7 +225,10 @@ def parse_trigger(
     engine = _choice(meta, "engine", ENGINE_CHOICES)
     discovery = _discovery(meta, namespace, engine, allow_cross_namespace)
     interval = _number(meta, "scrapeInterval", 0.5, 300.0)
-    timeout = _number(meta, "scrapeTimeout", 0.0, 60.0, lo_open=True)
+    # The default timeout shrinks with a short interval; an explicit one must fit inside it.
+    timeout_meta = {"scrapeTimeout": meta.get("scrapeTimeout", "").strip()
+                    or str(min(float(DEFAULTS["scrapeTimeout"]), interval))}
+    timeout = _number(timeout_meta, "scrapeTimeout", 0.0, 60.0, lo_open=True)
     if timeout > interval:
         raise BadMetadata("scrapeTimeout", f"{timeout:g}s is longer than scrapeInterval {interval:g}s",
                           "a number of seconds <= scrapeInterval")

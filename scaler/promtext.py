@@ -95,26 +95,10 @@ def _parse_labels(text: str, line: str) -> dict[str, str]:
 
 
 def _label_block_end(line: str, open_brace: int) -> int:
-    """Index of the ``}`` closing the label block, skipping braces inside quoted values."""
-    close = line.find("}", open_brace)
-    quote = line.find('"', open_brace)
-    if quote < 0 or close < quote:
-        return close
-    i, n, in_quotes = open_brace + 1, len(line), False
-    while i < n:
-        c = line[i]
-        if in_quotes:
-            if c == "\\":
-                i += 2
-                continue
-            if c == '"':
-                in_quotes = False
-        elif c == '"':
-            in_quotes = True
-        elif c == "}":
-            return i
-        i += 1
-    return -1
+    """Index of the ``}`` closing the label block: the last one on the line, since only a value and
+    an optional timestamp (numbers) may follow it, while label values may contain ``}``."""
+    close = line.rfind("}")
+    return close if close > open_brace else -1
 
 
 def _parse_value(token: str, line: str) -> float:

@@ -91,8 +91,8 @@ def _unary(method: str) -> Callable[[Handler[R]], Handler[R]]:
 
 
 class ExternalScalerService(pb_grpc.ExternalScalerServicer):
-    """StreamMetricSpec is inherited and answers UNIMPLEMENTED: specs depend on metadata only, so they
-    never change while a ScaledObject stays the same, and KEDA then keeps its pull-based path."""
+    """StreamMetricSpec answers UNIMPLEMENTED: specs depend on metadata only, so they never change
+    while a ScaledObject stays the same, and KEDA then keeps its pull-based path."""
 
     def __init__(
         self,
@@ -195,6 +195,14 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         finally:
             target.holders -= 1
             log.info("stream_closed", target_id=target.id)
+
+    async def StreamMetricSpec(
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.GetMetricSpecResponse]:
+        # UNIMPLEMENTED on open makes KEDA (main / v2.21) stop for good and keep polling GetMetricSpec.
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            "StreamMetricSpec: specs depend only on trigger metadata and never change at runtime")
+        yield pb.GetMetricSpecResponse()  # unreachable; makes this an async generator like the proto's stream
 
     async def _wait_update_or_shutdown(self, target: Target) -> None:
         update = asyncio.ensure_future(target.wait_update())

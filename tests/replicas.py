@@ -66,13 +66,14 @@ class _ReplicaHTTPServer(ThreadingHTTPServer):
 
 
 class Replica:
-    def __init__(self, payload: str = "") -> None:
+    def __init__(self, payload: str = "", host: str = "127.0.0.1", port: int = 0) -> None:
         self.behaviour = Behaviour(payload=payload)
         self.requests = 0
-        self._server = _ReplicaHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server = _ReplicaHTTPServer((host, port), _Handler)
         self._server.replica = self
+        self.host = host
         self.port = self._server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True)
         self._thread.start()

@@ -1,0 +1,113 @@
+"""A fake Kubernetes API server on loopback that serves real-shaped discovery.k8s.io/v1 EndpointSlice
+and core/v1 Service JSON, checks the bearer token, and can be switched to fail (401/403/500)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+
+@dataclass
+class Endpoint:
+    address: str
+    ready: bool | None = True  # None: no `ready` condition (means ready)
+    pod: str = ""
+
+
+@dataclass
+class FakeKube:
+    token: str = "test-token"
+    services: dict[tuple[str, str], list[Endpoint]] = field(default_factory=dict)
+    port: int = 8000
+    fail_status: int = 0
+    requests: list[str] = field(default_factory=list)
+
+    def endpointslice_list(self, namespace: str, service: str) -> dict[str, Any]:
+        eps = self.services.get((namespace, service), [])
+        items = []
+        if (namespace, service) in self.services:
+            endpoints = []
+            for e in eps:
+                conditions: dict[str, Any] = {"serving": True, "terminating": False}
+                if e.ready is not None:
+                    conditions["ready"] = e.ready
+                endpoints.append({"addresses": [e.address], "conditions": conditions,
+                                  "targetRef": {"kind": "Pod", "namespace": namespace, "name": e.pod or e.address},
+                                  "nodeName": "node-1"})
+            items.append({
+                "metadata": {"name": f"{service}-abcde", "namespace": namespace, "generateName": f"{service}-",
+                             "labels": {"kubernetes.io/service-name": service,
+                                        "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
+                             "resourceVersion": "1234"},
+                "addressType": "IPv4",
+                "endpoints": endpoints,
+                "ports": [{"name": "http", "protocol": "TCP", "port": self.port}],
+            })
+        return {"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
+                "metadata": {"resourceVersion": "1234"}, "items": items}
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _send(self, code: int, body: dict[str, Any]) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self) -> None:  # noqa: N802
+        kube = self.server.kube
+        url = urlsplit(self.path)
+        kube.requests.append(self.path)
+        if self.headers.get("Authorization") != f"Bearer {kube.token}":
+            return self._send(401, _status(401, "Unauthorized", "Unauthorized"))
+        if kube.fail_status:
+            reasons = {403: "Forbidden", 500: "InternalError"}
+            return self._send(kube.fail_status, _status(kube.fail_status, reasons.get(kube.fail_status, "Error"),
+                                                         "endpointslices.discovery.k8s.io is forbidden"
+                                                         if kube.fail_status == 403 else "etcd unavailable"))
+        parts = url.path.strip("/").split("/")
+        if parts[:3] == ["apis", "discovery.k8s.io", "v1"] and len(parts) == 6 and parts[5] == "endpointslices":
+            selector = parse_qs(url.query).get("labelSelector", [""])[0]
+            service = selector.removeprefix("kubernetes.io/service-name=")
+            return self._send(200, kube.endpointslice_list(parts[4], service))
+        if parts[:2] == ["api", "v1"] and len(parts) == 6 and parts[4] == "services":
+            if (parts[3], parts[5]) in kube.services:
+                return self._send(200, {"kind": "Service", "apiVersion": "v1",
+                                        "metadata": {"name": parts[5], "namespace": parts[3]},
+                                        "spec": {"clusterIP": "None", "ports": [{"port": kube.port}]}})
+            return self._send(404, _status(404, "NotFound", f'services "{parts[5]}" not found'))
+        return self._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    kube: FakeKube
+
+
+class FakeKubeServer:
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube = kube
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.kube = kube
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,87 @@
+"""The command line: `inspect` on files and URLs, `serve` flags/env, `python -m scaler`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from tests.conftest import METRICS
+from tests.payloads import EngineLoad, sglang, vllm_v1
+from tests.replicas import replicas, unused_port
+from tests.serveproc import serve
+
+EXE = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([EXE, *args], capture_output=True, text=True, input=stdin, timeout=60)
+
+
+def test_inspect_file_json_with_data_parallel_engines() -> None:
+    out = run("inspect", str(METRICS / "vllm_v1_reconstructed_v0.10_dp4.txt"), "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["engine"] == "vllm"
+    assert report["signals"]["waiting"] == 21 and report["signals"]["running"] == 571
+    assert report["signals"]["kv_usage"] == pytest.approx(0.565)
+    assert report["signals"]["kv_usage_max"] == 0.97
+    assert [(e["rank"], e["waiting"], e["running"], e["kv_usage"]) for e in report["engines"]] == [
+        ("0", 0, 120, 0.41), ("1", 18, 251, 0.97), ("2", 3, 200, 0.88), ("3", 0, 0, 0.0)]
+
+
+def test_inspect_url_and_stdin() -> None:
+    with replicas(sglang([EngineLoad(4, 9, 0.5), EngineLoad(1, 2, 0.1)])) as (r,):
+        for target in (r.url, r.url + "/metrics"):
+            out = run("inspect", target, "--json")
+            assert out.returncode == 0, out.stderr
+            report = json.loads(out.stdout)
+            assert report["engine"] == "sglang" and report["signals"]["waiting"] == 5
+            assert len(report["engines"]) == 2
+    out = run("inspect", "-", "--json", stdin=vllm_v1([EngineLoad(1, 2, 0.3)]))
+    assert out.returncode == 0
+    assert json.loads(out.stdout)["signals"]["waiting"] == 1
+    human = run("inspect", "-", stdin=vllm_v1([EngineLoad(1, 2, 0.3)]))
+    assert "waiting=1 running=2 kv_usage=0.300" in human.stdout
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [("/no/such/file", "cannot read"), (str(METRICS / "tgi_v2-v3_datadog-payload_TRUNCATED.txt"), "no vLLM"),
+     ("http://127.0.0.1:{port}", "connect_error"), ("ftp://example/metrics", "scheme")],
+)
+def test_inspect_unreadable_input_exits_non_zero(target: str, message: str) -> None:
+    out = run("inspect", target.format(port=unused_port()), "--json")
+    assert out.returncode == 2
+    assert message in out.stderr and out.stdout == ""
+
+
+def test_serve_reads_flags_and_environment() -> None:
+    with serve("--log-level", "debug", env={"LLM_SCALER_MAX_TARGETS": "7"}) as s:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{s.metrics_port}/metrics", timeout=5).read().decode()
+        assert "llm_scaler_build_info" in body
+    log = s.log()
+    assert '"max_targets": "7"' in log and '"log_level": "debug"' in log
+    assert s.proc.returncode == 0  # SIGTERM is a clean shutdown
+    assert "scaler_stopped" in log
+
+
+def test_serve_rejects_bad_configuration() -> None:
+    out = run("serve", "--tls-cert", "/tmp/x.pem")
+    assert out.returncode == 2 and "--tls-key" in out.stderr
+    env = {**os.environ, "LLM_SCALER_GRPC_PORT": "notaport"}
+    out = subprocess.run([EXE, "serve"], capture_output=True, text=True, env=env, timeout=30)
+    assert out.returncode == 2 and "LLM_SCALER_GRPC_PORT" in out.stderr
+
+
+def test_python_dash_m_and_help() -> None:
+    out = subprocess.run([sys.executable, "-m", "scaler", "serve", "--help"], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0
+    for flag in ("--host", "--grpc-port", "--metrics-port", "--tls-cert", "--tls-key", "--tls-client-ca"):
+        assert flag in out.stdout
+    assert "LLM_SCALER_GRPC_PORT" in out.stdout
