@@ -70,7 +70,7 @@ class DnsResolver:
             if exc.errno in _NO_RECORDS:
                 return []
             raise DiscoveryError(f"DNS lookup of {d.dns_name} failed: {exc.strerror}") from exc
-        addresses = sorted({str(ipaddress.ip_address(info[4][0].split("%")[0])) for info in infos})
+        addresses = sorted({str(ipaddress.ip_address(str(info[4][0]).split("%")[0])) for info in infos})
         refused = [a for a in addresses if _refused(a)]
         if refused:
             log.warning("discovery_address_refused", name=d.dns_name, addresses=refused)

@@ -34,7 +34,7 @@ __all__ = [
 
 METRIC_NAME: Final = "llm_composite"
 
-DEFAULTS: Final = {
+DEFAULTS: Final[dict[str, float | str]] = {
     "engine": "auto",
     "metricsPath": "/metrics",
     "targetKvUsage": 0.85,

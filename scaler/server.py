@@ -88,7 +88,7 @@ class ScalerServer:
         return self.grpc.add_secure_port(address, creds)
 
     async def start(self) -> None:
-        pb_grpc.add_ExternalScalerServicer_to_server(self.service, self.grpc)
+        pb_grpc.add_ExternalScalerServicer_to_server(self.service, self.grpc)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         reflection.enable_server_reflection(
             (pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name,

@@ -99,10 +99,12 @@ class _TargetCollector(Collector):
                 reason.add_metric([*labels, c.dominant], 1.0)
             waiting.add_metric(labels, snap.waiting)
             running.add_metric(labels, snap.running)
-            for fam, value in ((kv, snap.kv_usage), (rejects, snap.reject_rate), (preempt, snap.preemption_rate),
-                               (ttft, snap.ttft_p95_s), (qtime, snap.queue_time_p95_s)):
-                if value is not None:
-                    fam.add_metric(labels, value)
+            optional: list[tuple[GaugeMetricFamily, float | None]] = [
+                (kv, snap.kv_usage), (rejects, snap.reject_rate), (preempt, snap.preemption_rate),
+                (ttft, snap.ttft_p95_s), (qtime, snap.queue_time_p95_s)]
+            for fam, maybe in optional:
+                if maybe is not None:
+                    fam.add_metric(labels, maybe)
         yield from (composite, term, reason, up, active, waiting, running, kv, rejects, preempt, ttft, qtime,
                     replicas, age, count)
 

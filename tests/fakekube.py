@@ -70,7 +70,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(raw)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         kube = self.server.kube
         url = urlsplit(self.path)
         kube.requests.append(self.path)

@@ -27,7 +27,7 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:  # keep test output clean
         pass
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         b = self.server.replica.behaviour
         self.server.replica.requests += 1
         if b.delay_s:

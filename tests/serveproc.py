@@ -61,7 +61,7 @@ def serve(*args: str, env: dict[str, str] | None = None, creds: grpc.ChannelCred
     full_env = {**os.environ, "LLM_SCALER_GRPC_PORT": str(grpc_port), "LLM_SCALER_METRICS_PORT": str(metrics_port),
                 "LLM_SCALER_HOST": "127.0.0.1", **(env or {})}
     exe = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
-    log_file = tempfile.TemporaryFile()  # a pipe nobody reads would block the server once full
+    log_file = tempfile.TemporaryFile()  # noqa: SIM115 - closed in finally; a pipe nobody reads would block the server
     proc = subprocess.Popen([exe, "serve", *args], env=full_env, stdout=log_file, stderr=subprocess.STDOUT)
     handle = ServeProcess(proc, grpc_port, metrics_port, log_file)
     try:

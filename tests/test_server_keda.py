@@ -17,7 +17,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from scaler._proto import externalscaler_pb2 as pb
-from scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from scaler.server import ScalerServer
 from tests.keda import KedaEmulator
 from tests.payloads import EngineLoad, vllm_v1
@@ -405,16 +404,15 @@ async def _true(value: bool) -> bool:
 
 async def test_c22_shutdown_ends_streams_with_ok() -> None:
     with replicas(AT_TARGET) as (r,):
-        async with running_scaler() as server:
-            async with channel_to(server) as ch:
-                keda = KedaEmulator(ch, "llm", "serving", meta(r.url))
-                stream = Stream(keda.stub.StreamIsActive(keda.ref))
-                assert (await stream.next(3.0)) is not None
-                stopping = asyncio.create_task(server.stop())
-                assert await stream.next(2.0) is None  # the end of the stream, well inside the grace
-                assert await stream.call.code() == grpc.StatusCode.OK  # KEDA then reconnects after 2 s
-                await stopping
-                server.stop = _noop  # type: ignore[method-assign]
+        async with running_scaler() as server, channel_to(server) as ch:
+            keda = KedaEmulator(ch, "llm", "serving", meta(r.url))
+            stream = Stream(keda.stub.StreamIsActive(keda.ref))
+            assert (await stream.next(3.0)) is not None
+            stopping = asyncio.create_task(server.stop())
+            assert await stream.next(2.0) is None  # the end of the stream, well inside the grace
+            assert await stream.call.code() == grpc.StatusCode.OK  # KEDA then reconnects after 2 s
+            await stopping
+            server.stop = _noop  # type: ignore[method-assign]
 
 
 async def _noop() -> None:
