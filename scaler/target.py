@@ -62,6 +62,7 @@ class Snapshot:
     error: str | None  # set when composite is None: why there is no answer
     replicas: tuple[ReplicaReport, ...]
     discovery_error: str | None = None
+    cycle_s: float = 0.0  # how long discovery + all scrapes of this cycle took
     waiting: float = 0.0
     running: float = 0.0
     kv_usage: float | None = None
@@ -248,6 +249,7 @@ class Target:
         return None
 
     async def run_cycle(self) -> Snapshot:
+        started = self._clock()
         discovery_error = await self._resolve()
         cfg = self.cfg
         if self._urls is None:  # never resolved: the fleet is unknown, which is not zero
@@ -275,9 +277,10 @@ class Target:
             elif res.reason is None and was_failing:
                 log.info("replica_scrape_recovered", target=cfg.label, url=res.url)
         reports = tuple(self._replicas[u].report(now, cfg.stale_after) for u in urls)
-        return self._publish(self._build(now, reports, discovery_error))
+        return self._publish(self._build(now, reports, discovery_error, now - started))
 
-    def _build(self, now: float, reports: tuple[ReplicaReport, ...], discovery_error: str | None) -> Snapshot:
+    def _build(self, now: float, reports: tuple[ReplicaReport, ...], discovery_error: str | None,
+               cycle_s: float) -> Snapshot:
         try:
             comp: Composite | None = composite([_policy_input(r) for r in reports], self.cfg.scoring)
             error = None
@@ -294,6 +297,7 @@ class Target:
             error=error,
             replicas=reports,
             discovery_error=discovery_error,
+            cycle_s=cycle_s,
             waiting=math.fsum(r.signals.waiting for r in live if r.signals),
             running=math.fsum(r.signals.running for r in live if r.signals),
             kv_usage=(math.fsum(r.signals.kv_usage for r in live if r.signals) / len(live)) if live else None,

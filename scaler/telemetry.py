@@ -76,6 +76,7 @@ class _TargetCollector(Collector):
         qtime = family("queue_time_p95_seconds", "p95 time spent waiting over the rate window")
         replicas = family("replicas", "Replicas by scrape state (fresh, stale, expired)", ("state",))
         age = family("snapshot_age_seconds", "Seconds since the target's last scrape cycle finished")
+        cycle = family("scrape_cycle_seconds", "Duration of the target's last cycle (discovery and all scrapes)")
         count = GaugeMetricFamily("llm_scaler_targets", "Targets (ScaledObject fleets) being scraped")
         now = self._clock()
         targets = list(self._targets())
@@ -87,6 +88,7 @@ class _TargetCollector(Collector):
             if snap is None:
                 continue
             age.add_metric(labels, now - snap.taken_at)
+            cycle.add_metric(labels, snap.cycle_s)
             for state in REPLICA_STATES:
                 replicas.add_metric([*labels, state], snap.count(state))
             if snap.composite is not None:
@@ -106,7 +108,7 @@ class _TargetCollector(Collector):
                 if maybe is not None:
                     fam.add_metric(labels, maybe)
         yield from (composite, term, reason, up, active, waiting, running, kv, rejects, preempt, ttft, qtime,
-                    replicas, age, count)
+                    replicas, age, cycle, count)
 
 
 class ScalerMetrics:
