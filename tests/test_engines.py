@@ -109,3 +109,15 @@ def test_sglang_early_name_label_and_explicit_engine() -> None:
     assert read_replica(text, engine="sglang", model=MODEL).waiting == 2
     with pytest.raises(MissingSignal):
         read_replica(text, engine="vllm")
+
+
+def test_an_engine_missing_one_gauge_is_missing_data() -> None:
+    text = (
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n'
+        'vllm:num_requests_waiting{engine="1",model_name="m"} 4.0\n'
+        'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n'
+        'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.3\n'
+    )
+    with pytest.raises(MissingSignal, match=r"kv_cache_usage_perc\{engine='1'\}"):
+        read_replica(text)

@@ -102,3 +102,17 @@ def test_hints_for_likely_mistakes() -> None:
     assert "did you mean 'targetKvUsage'" in text
     assert "did you mean 'endpoints'" in text
     assert "enableTLS" not in text and "fooFromEnv" not in text and "zzz" not in text
+
+
+def test_registry_logs_hints_once_per_metadata() -> None:
+    from structlog.testing import capture_logs
+
+    from scaler.registry import TargetRegistry
+    from scaler.scrape import Scraper
+
+    registry = TargetRegistry(Scraper())
+    with capture_logs() as logs:
+        for _ in range(3):
+            registry.config_for("serving", "llm", {**BASE, "metricType": "Value"})
+    hints = [e for e in logs if e["event"] == "metadata_hint"]
+    assert len(hints) == 1 and "metricType" in hints[0]["hint"]

@@ -9,12 +9,13 @@ from typing import Protocol
 
 from scaler.errors import MissingSignal, ModelNotFound
 from scaler.promtext import Sample, SampleNames
-from scaler.signals import Histogram, ReplicaSignals
+from scaler.signals import EngineSignals, Histogram, ReplicaSignals
 
 __all__ = [
     "EngineAdapter",
     "Samples",
     "SeriesFilter",
+    "assemble_engines",
     "counter_sum",
     "gauge_by_group",
     "histogram",
@@ -83,6 +84,21 @@ def gauge_by_group(
         if not math.isnan(s.value):
             grouped[group_of(s)].append(s.value)
     return {g: combine(v) if v else math.nan for g, v in grouped.items()}
+
+
+def assemble_engines(
+    waiting: Mapping[str, float], running: Mapping[str, float], kv: Mapping[str, float],
+    families: tuple[str, str, str], rank_label: str,
+) -> list[EngineSignals]:
+    """One EngineSignals per data-parallel rank; a rank missing any of the three is missing data."""
+    engines = []
+    for rank in sorted(set(waiting) | set(running) | set(kv)):
+        values = (waiting.get(rank, math.nan), running.get(rank, math.nan), kv.get(rank, math.nan))
+        for family, value in zip(families, values, strict=True):
+            if math.isnan(value):
+                raise MissingSignal(f"{family}{{{rank_label}={rank!r}}}")
+        engines.append(EngineSignals(rank, *values))
+    return engines
 
 
 def counter_sum(series: Sequence[Sample]) -> float | None:

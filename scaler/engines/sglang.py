@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from typing import Final
 
 from scaler.engines.base import (
     Samples,
     SeriesFilter,
+    assemble_engines,
     counter_sum,
     gauge_by_group,
     histogram,
     histogram_names,
 )
-from scaler.errors import MissingSignal
 from scaler.promtext import Sample, SampleNames
-from scaler.signals import EngineSignals, ReplicaSignals
+from scaler.signals import ReplicaSignals
 
 __all__ = ["SglangAdapter"]
 
@@ -48,13 +47,7 @@ class SglangAdapter:
         waiting = gauge_by_group(flt.require(samples, WAITING), _dp_rank, max)
         running = gauge_by_group(flt.require(samples, RUNNING), _dp_rank, max)
         kv = gauge_by_group(flt.require(samples, KV), _dp_rank, max)
-        engines = []
-        for rank in sorted(set(waiting) | set(running) | set(kv)):
-            values = (waiting.get(rank, math.nan), running.get(rank, math.nan), kv.get(rank, math.nan))
-            if any(math.isnan(v) for v in values):
-                missing = (WAITING, RUNNING, KV)[[math.isnan(v) for v in values].index(True)]
-                raise MissingSignal(f"{missing}{{dp_rank={rank!r}}}")
-            engines.append(EngineSignals(rank, *values))
+        engines = assemble_engines(waiting, running, kv, (WAITING, RUNNING, KV), "dp_rank")
         return ReplicaSignals.from_engines(
             self.name,
             engines,

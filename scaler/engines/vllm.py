@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Final
 
 from scaler.engines.base import (
     Samples,
     SeriesFilter,
+    assemble_engines,
     counter_sum,
     gauge_by_group,
     histogram,
@@ -15,7 +15,7 @@ from scaler.engines.base import (
 )
 from scaler.errors import MissingSignal
 from scaler.promtext import Sample, SampleNames
-from scaler.signals import EngineSignals, ReplicaSignals
+from scaler.signals import ReplicaSignals
 
 __all__ = ["VllmAdapter"]
 
@@ -62,13 +62,7 @@ class VllmAdapter:
             kv.update(gauge_by_group(flt.select(samples, name), _engine_rank, max))
         if not kv:
             raise MissingSignal(" or ".join(KV_NAMES))
-        engines = []
-        for rank in sorted(set(waiting) | set(running) | set(kv)):
-            values = (waiting.get(rank, math.nan), running.get(rank, math.nan), kv.get(rank, math.nan))
-            if any(math.isnan(v) for v in values):
-                missing = (WAITING, RUNNING, KV_NAMES[0])[[math.isnan(v) for v in values].index(True)]
-                raise MissingSignal(f"{missing}{{engine={rank!r}}}")
-            engines.append(EngineSignals(rank, *values))
+        engines = assemble_engines(waiting, running, kv, (WAITING, RUNNING, KV_NAMES[0]), "engine")
 
         rejects = counter_sum(flt.select(samples, ADMISSION_REJECTIONS))
         if rejects is None:
