@@ -10,30 +10,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Final, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 
 from scaler.discovery import DiscoveryError, Resolver
 from scaler.errors import NoFreshData
+from scaler.fleet import EXPIRED, FRESH, REPLICA_STATES, STALE, Evaluation, FleetState, Observation
 from scaler.metadata import TriggerConfig
-from scaler.policy import Composite, ReplicaInput, composite
-from scaler.rates import DEFAULT_WINDOW_S, CounterWindow, HistogramWindow
+from scaler.policy import Composite
 from scaler.scrape import Scraper, ScrapeResult
-from scaler.signals import Histogram, ReplicaSignals, histogram_quantile
 
-__all__ = ["ReplicaReport", "ScrapeObserver", "Snapshot", "Target"]
+__all__ = ["REPLICA_STATES", "ScrapeObserver", "Snapshot", "Target"]
 
 log = structlog.get_logger(__name__)
-
-FRESH: Final = "fresh"
-STALE: Final = "stale"  # this scrape failed; last good data is still inside staleAfter
-EXPIRED: Final = "expired"  # no good data inside staleAfter (or never): counted as at least at target
-REPLICA_STATES: Final = (FRESH, STALE, EXPIRED)
 
 
 class ScrapeObserver(Protocol):
@@ -41,110 +34,26 @@ class ScrapeObserver(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class ReplicaReport:
-    url: str
-    state: str
-    reason: str | None
-    detail: str
-    last_ok_age_s: float | None
-    signals: ReplicaSignals | None
-    reject_rate: float | None
-    admitted_rate: float | None
-    preemption_rate: float | None
-
-
-@dataclass(frozen=True, slots=True)
 class Snapshot:
+    """What every RPC reads: one cycle's evaluation of the fleet, stamped."""
+
     taken_at: float  # time.monotonic()
     wall_time: float
     cycle: int
-    composite: Composite | None
-    error: str | None  # set when composite is None: why there is no answer
-    replicas: tuple[ReplicaReport, ...]
+    evaluation: Evaluation
     discovery_error: str | None = None
     cycle_s: float = 0.0  # how long discovery + all scrapes of this cycle took
-    waiting: float = 0.0
-    running: float = 0.0
-    kv_usage: float | None = None
-    reject_rate: float | None = None
-    preemption_rate: float | None = None
-    ttft_p95_s: float | None = None
-    queue_time_p95_s: float | None = None
+
+    @property
+    def composite(self) -> Composite | None:
+        return self.evaluation.composite
+
+    @property
+    def error(self) -> str | None:
+        return self.evaluation.error
 
     def count(self, state: str) -> int:
-        return sum(1 for r in self.replicas if r.state == state)
-
-
-@dataclass
-class _ReplicaState:
-    url: str
-    window_s: float
-    signals: ReplicaSignals | None = None
-    last_ok: float | None = None
-    reason: str | None = None
-    detail: str = ""
-    rejects: CounterWindow = field(init=False)
-    admitted: CounterWindow = field(init=False)
-    preemptions: CounterWindow = field(init=False)
-    ttft: HistogramWindow = field(init=False)
-    queue_time: HistogramWindow = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.rejects = CounterWindow(self.window_s)
-        self.admitted = CounterWindow(self.window_s)
-        self.preemptions = CounterWindow(self.window_s)
-        self.ttft = HistogramWindow(self.window_s)
-        self.queue_time = HistogramWindow(self.window_s)
-
-    def absorb(self, result: ScrapeResult, now: float) -> None:
-        self.reason, self.detail = result.reason, result.detail
-        s = result.signals
-        if s is None:
-            return
-        self.signals, self.last_ok = s, now
-        for window, value in ((self.rejects, s.rejects_total), (self.admitted, s.admitted_total),
-                              (self.preemptions, s.preemptions_total)):
-            if value is not None:
-                window.observe(now, value)
-        for hwindow, hist in ((self.ttft, s.ttft), (self.queue_time, s.queue_time)):
-            if hist is not None:
-                hwindow.observe(now, hist)
-
-    def report(self, now: float, stale_after: float) -> ReplicaReport:
-        if self.reason is None and self.last_ok == now:
-            state = FRESH
-        elif self.last_ok is not None and now - self.last_ok <= stale_after:
-            state = STALE
-        else:
-            state = EXPIRED
-        return ReplicaReport(
-            url=self.url,
-            state=state,
-            reason=self.reason,
-            detail=self.detail,
-            last_ok_age_s=None if self.last_ok is None else now - self.last_ok,
-            signals=self.signals,
-            reject_rate=self.rejects.rate(),
-            admitted_rate=self.admitted.rate(),
-            preemption_rate=self.preemptions.rate(),
-        )
-
-
-def _policy_input(r: ReplicaReport) -> ReplicaInput:
-    s = r.signals
-    return ReplicaInput(
-        waiting=s.waiting if s else None,
-        running=s.running if s else None,
-        kv_usage=s.kv_usage if s else None,
-        reject_rate=r.reject_rate,
-        admitted_rate=r.admitted_rate,
-        expired=r.state == EXPIRED,
-    )
-
-
-def _sum_known(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return math.fsum(known) if known else None
+        return self.evaluation.count(state)
 
 
 class Target:
@@ -163,8 +72,7 @@ class Target:
         self._scraper = scraper
         self._observer = observer
         self._clock = clock
-        self._window_s = max(DEFAULT_WINDOW_S, 3 * cfg.scrape_interval)
-        self._replicas: dict[str, _ReplicaState] = {}
+        self._fleet = FleetState(cfg.scoring, cfg.stale_after, cfg.scrape_interval)
         self._urls: list[str] | None = None
         self._cycle = 0
         self.snapshot: Snapshot | None = None
@@ -253,59 +161,27 @@ class Target:
         discovery_error = await self._resolve()
         cfg = self.cfg
         if self._urls is None:  # never resolved: the fleet is unknown, which is not zero
-            return self._publish(Snapshot(self._clock(), time.time(), self._cycle, None,
-                                          f"discovery failed: {discovery_error}", (), discovery_error))
-        urls = self._urls
+            error = Evaluation((), None, f"discovery failed: {discovery_error}")
+            return self._publish(Snapshot(self._clock(), time.time(), self._cycle, error, discovery_error))
         results = await asyncio.gather(*(
             self._scraper.scrape(url, timeout=cfg.scrape_timeout, engine=cfg.engine, model=cfg.model)
-            for url in urls
+            for url in self._urls
         ))
         now = self._clock()
-        for gone in set(self._replicas) - set(urls):
-            del self._replicas[gone]  # left the fleet: forget its series (no stranded values)
+        by_url = {r.url: r for r in results}
+        changes = self._fleet.update(now, (Observation(r.url, r.signals, r.reason, r.detail) for r in results))
         for res in results:
-            state = self._replicas.get(res.url)
-            if state is None:
-                state = self._replicas[res.url] = _ReplicaState(res.url, self._window_s)
-            was_failing = state.reason is not None
-            state.absorb(res, now)
             if self._observer is not None:
                 self._observer.scrape_done(cfg, res)
-            if res.reason is not None and not was_failing:
-                log.warning("replica_scrape_failed", target=cfg.label, url=res.url, reason=res.reason,
+        for url, failing in changes:
+            res = by_url[url]
+            if failing:
+                log.warning("replica_scrape_failed", target=cfg.label, url=url, reason=res.reason,
                             detail=res.detail[:300])
-            elif res.reason is None and was_failing:
-                log.info("replica_scrape_recovered", target=cfg.label, url=res.url)
-        reports = tuple(self._replicas[u].report(now, cfg.stale_after) for u in urls)
-        return self._publish(self._build(now, reports, discovery_error, now - started))
-
-    def _build(self, now: float, reports: tuple[ReplicaReport, ...], discovery_error: str | None,
-               cycle_s: float) -> Snapshot:
-        try:
-            comp: Composite | None = composite([_policy_input(r) for r in reports], self.cfg.scoring)
-            error = None
-        except NoFreshData as exc:
-            comp, error = None, f"{exc}: " + "; ".join(f"{r.url} {r.reason}" for r in reports[:5])
-        live = [r for r in reports if r.state != EXPIRED and r.signals is not None]
-        ttft = [d for u in (r.url for r in live) if (d := self._replicas[u].ttft.delta()) is not None]
-        queue = [d for u in (r.url for r in live) if (d := self._replicas[u].queue_time.delta()) is not None]
-        return Snapshot(
-            taken_at=now,
-            wall_time=time.time(),
-            cycle=self._cycle,
-            composite=comp,
-            error=error,
-            replicas=reports,
-            discovery_error=discovery_error,
-            cycle_s=cycle_s,
-            waiting=math.fsum(r.signals.waiting for r in live if r.signals),
-            running=math.fsum(r.signals.running for r in live if r.signals),
-            kv_usage=(math.fsum(r.signals.kv_usage for r in live if r.signals) / len(live)) if live else None,
-            reject_rate=_sum_known([r.reject_rate for r in live]),
-            preemption_rate=_sum_known([r.preemption_rate for r in live]),
-            ttft_p95_s=_p95(ttft),
-            queue_time_p95_s=_p95(queue),
-        )
+            else:
+                log.info("replica_scrape_recovered", target=cfg.label, url=url)
+        evaluation = self._fleet.evaluate(now)
+        return self._publish(Snapshot(now, time.time(), self._cycle, evaluation, discovery_error, now - started))
 
     def _publish(self, snap: Snapshot) -> Snapshot:
         self._cycle += 1
@@ -317,7 +193,3 @@ class Target:
                   fresh=snap.count(FRESH), stale=snap.count(STALE), expired=snap.count(EXPIRED))
         return snap
 
-
-def _p95(deltas: list[Histogram]) -> float | None:
-    merged = Histogram.merge(deltas)
-    return histogram_quantile(0.95, merged) if merged is not None else None

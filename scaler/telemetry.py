@@ -18,9 +18,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from scaler.fleet import REPLICA_STATES
 from scaler.metadata import TriggerConfig
 from scaler.scrape import ScrapeResult
-from scaler.target import REPLICA_STATES, Target
+from scaler.target import Target
 
 __all__ = ["ScalerMetrics", "configure_logging"]
 
@@ -99,11 +100,12 @@ class _TargetCollector(Collector):
                                     ("assumed", c.assumed)):
                     term.add_metric([*labels, name], value)
                 reason.add_metric([*labels, c.dominant], 1.0)
-            waiting.add_metric(labels, snap.waiting)
-            running.add_metric(labels, snap.running)
+            ev = snap.evaluation
+            waiting.add_metric(labels, ev.waiting)
+            running.add_metric(labels, ev.running)
             optional: list[tuple[GaugeMetricFamily, float | None]] = [
-                (kv, snap.kv_usage), (rejects, snap.reject_rate), (preempt, snap.preemption_rate),
-                (ttft, snap.ttft_p95_s), (qtime, snap.queue_time_p95_s)]
+                (kv, ev.kv_usage), (rejects, ev.reject_rate), (preempt, ev.preemption_rate),
+                (ttft, ev.ttft_p95_s), (qtime, ev.queue_time_p95_s)]
             for fam, maybe in optional:
                 if maybe is not None:
                     fam.add_metric(labels, maybe)
