@@ -42,6 +42,12 @@ def _build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--target-kv-usage", type=float, default=DEFAULTS["targetKvUsage"])
     inspect.add_argument("--target-queue-depth", type=float, default=DEFAULTS["targetQueueDepth"])
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
+    replay = sub.add_parser("replay", help="replay a request trace through a simulated fleet under a policy",
+                            description="Replay a request trace (Azure CSV format) through a simulated vLLM "
+                                        "fleet under the HPA and one scaling policy, or --sweep all of them.")
+    from scaler.sim.replay import add_replay_arguments
+
+    add_replay_arguments(replay)
     return parser
 
 
@@ -128,6 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             _print_human(report)
         return 0
+
+    if args.command == "replay":
+        from scaler.sim.replay import replay_main
+
+        return replay_main(args)
 
     from scaler.server import run
     from scaler.telemetry import configure_logging

@@ -1,0 +1,1 @@
+"""Fleet simulator: vLLM replicas on a calibrated step-time model, an HPA emulation, peer policies."""
