@@ -16,9 +16,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Final
 
-__all__ = ["SHIFT_S", "TraceRequest", "load_trace", "scale_rate", "slice_trace"]
+__all__ = ["BUNDLED_TRACE", "SHIFT_S", "TraceRequest", "load_trace", "scale_rate", "slice_trace"]
 
 SHIFT_S: Final = 17.0
+# Azure LLM inference trace 2023, conversation (CC-BY-4.0): see traces/README.md beside this module.
+BUNDLED_TRACE: Final = Path(__file__).parent / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
 
 @dataclass(frozen=True, slots=True)
