@@ -99,18 +99,18 @@ class Hpa:
     def _limit(self, now: float, desired: int, current: int) -> int:
         b = self.behavior
         if desired > current:
-            limits = []
+            limits: list[int] = []
             for p in b.up_policies:
                 added = sum(c for t, c in self._events if c > 0 and t > now - p.period_s)
                 start = current - added  # replicas at the start of the period
-                limits.append(start + p.value if p.kind == "Pods" else math.ceil(start * (1 + p.value / 100)))
+                limits.append(start + int(p.value) if p.kind == "Pods" else math.ceil(start * (1 + p.value / 100)))
             return min(desired, max(limits))
         if desired < current:
             limits = []
             for p in b.down_policies:
                 removed = -sum(c for t, c in self._events if c < 0 and t > now - p.period_s)
                 start = current + removed
-                limits.append(start - p.value if p.kind == "Pods" else math.floor(start * (1 - p.value / 100)))
+                limits.append(start - int(p.value) if p.kind == "Pods" else math.floor(start * (1 - p.value / 100)))
             return max(desired, min(limits))
         return current
 

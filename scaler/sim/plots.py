@@ -10,7 +10,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 __all__ = ["plot_pareto", "plot_run"]
 
@@ -37,7 +37,7 @@ def plot_run(path: Path, summary: dict[str, Any], timeline: Sequence[dict[str, f
     metric = [p["metric"] if p["metric"] is not None else math.nan for p in timeline]
     axes[2].plot(t, metric, color=COLORS.get(summary["policy"], "#d62728"))
     axes[2].set_ylabel("composite" if summary["policy"] == "composite" else f"{summary['policy']} metric")
-    p95 = [min(float(p["ttft_p95_s"]), 1e4) if p.get("ttft_p95_s") is not None else math.nan for p in timeline]
+    p95 = [min(v, 1e4) if (v := p.get("ttft_p95_s")) is not None else math.nan for p in timeline]
     axes[3].plot(t, p95, color="#d62728", label="TTFT p95 (arrivals of the last minute)")
     axes[3].axhline(summary["slo_ttft_s"], color="black", ls="--", lw=1, label=f"SLO {summary['slo_ttft_s']:g} s")
     axes[3].set_yscale("log")

@@ -113,7 +113,7 @@ def _sweep_job(job: tuple[dict[str, Any], str, float]) -> dict[str, Any]:
 
 def _fmt(v: Any, pct: bool = False) -> str:
     if v is None:
-        return "–"
+        return "-"
     if pct:
         return f"{100 * v:.1f} %"
     return f"{v:.2f}" if isinstance(v, float) else str(v)

@@ -36,9 +36,23 @@ WAITING, PREFILL, DECODE, DONE, REJECTED, CUT = range(6)
 
 
 class Request:
-    __slots__ = ("arrival", "ctx_base", "decode_start", "finish_step", "first_token_at", "finished_at",
-                 "gen_base", "generated", "output", "prefilled", "prompt", "prompt_total", "queued_at_admit",
-                 "rid", "state")
+    __slots__ = (
+        "arrival",
+        "ctx_base",
+        "decode_start",
+        "finish_step",
+        "finished_at",
+        "first_token_at",
+        "gen_base",
+        "generated",
+        "output",
+        "prefilled",
+        "prompt",
+        "prompt_total",
+        "queued_at_admit",
+        "rid",
+        "state",
+    )
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int) -> None:
         self.rid = rid

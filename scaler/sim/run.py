@@ -63,7 +63,8 @@ def capacity_at_slo(profile: Profile, trace: Sequence[TraceRequest], slo_ttft_s:
     def attained(rate: float) -> bool:
         rng = random.Random(seed + 1)
         rep = SimReplica(profile)
-        t, reqs = 0.0, []
+        t = 0.0
+        reqs: list[Request] = []
         while t < duration_s:
             t += rng.expovariate(rate)
             p, o = mix[len(reqs) % len(mix)]
@@ -92,7 +93,7 @@ def _oracle_schedule(policy: OraclePolicy, trace: Sequence[TraceRequest], profil
     for r in trace:
         fine[int(r.t // 10.0)] += 1
     per_window = int(policy.window_s // 10.0)
-    windows = int(math.ceil(end / policy.window_s)) + 1
+    windows = math.ceil(end / policy.window_s) + 1
     policy.schedule = []
     for w in range(windows):
         peak = max(fine[w * per_window:(w + 1) * per_window] or [0]) / 10.0
