@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from scaler._proto import externalscaler_pb2 as pb  # noqa: E402
-from tests.keda import KedaEmulator  # noqa: E402
+from scaler.sim.keda import KedaEmulator  # noqa: E402
 from tests.replicas import Replica  # noqa: E402
 from tests.scalerproc import channel_to, running_scaler  # noqa: E402
 

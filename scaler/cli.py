@@ -48,6 +48,13 @@ def _build_parser() -> argparse.ArgumentParser:
     from scaler.sim.replay import add_replay_arguments
 
     add_replay_arguments(replay)
+    demo = sub.add_parser("demo", help="run a simulated fleet, the real scaler and a KEDA+HPA emulator (~1 min)",
+                          description="A small simulated vLLM fleet serving real /metrics on loopback, the real "
+                                      "scaler server and a KEDA+HPA emulator calling it over gRPC, replaying a "
+                                      "bundled trace about 12x faster than real time. Writes a summary and a PNG.")
+    from scaler.sim.demo import add_demo_arguments
+
+    add_demo_arguments(demo)
     return parser
 
 
@@ -135,6 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_human(report)
         return 0
 
+    if args.command == "demo":
+        from scaler.sim.demo import demo_main
+
+        return demo_main(args)
     if args.command == "replay":
         from scaler.sim.replay import replay_main
 

@@ -94,8 +94,11 @@ class KubernetesResolver:
             raise DiscoveryError(str(exc)) from exc
         urls = set()
         for item in slices:
-            ports = [p.get("port") for p in item.get("ports") or [] if p.get("port") is not None]
-            if ports and d.port not in ports:
+            ports = [p.get("port") for p in item.get("ports") or [] if isinstance(p.get("port"), int)]
+            port = d.port
+            if d.port_from_slice and len(ports) == 1:
+                port = ports[0]
+            elif ports and d.port not in ports:
                 continue  # this slice serves other ports of the Service
             for endpoint in item.get("endpoints") or []:
                 # A missing `ready` condition means ready (EndpointSlice API contract).
@@ -105,7 +108,7 @@ class KubernetesResolver:
                     if _refused(address):
                         log.warning("discovery_address_refused", service=d.service, address=address)
                         continue
-                    urls.add(_url(d.scheme, address, d.port, d.metrics_path))
+                    urls.add(_url(d.scheme, address, port, d.metrics_path))
         return sorted(urls)
 
 

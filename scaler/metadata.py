@@ -78,6 +78,9 @@ class Discovery:
     service: str = ""
     namespace: str = ""
     port: int = 0
+    # `service` without `port`: a slice with a single port is scraped on that port (the Service's only
+    # port); other slices on `port`, the engine's default.
+    port_from_slice: bool = False
     scheme: str = "http"
     metrics_path: str = "/metrics"
 
@@ -215,6 +218,7 @@ def _discovery(meta: Mapping[str, str], namespace: str, engine: str, allow_cross
                           "cross-namespace discovery is disabled on this scaler",
                           "a Service in the ScaledObject's own namespace")
     return Discovery("kubernetes", service=svc_name, namespace=svc_ns, port=port, scheme=scheme,
+                     port_from_slice=not meta.get("port", "").strip(),
                      metrics_path=metrics_path)
 
 

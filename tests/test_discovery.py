@@ -12,8 +12,8 @@ import pytest
 
 from scaler.discovery import DiscoveryError, DnsResolver
 from scaler.metadata import parse_trigger
-from tests.fakekube import Endpoint, FakeKube, FakeKubeServer
-from tests.keda import KedaEmulator
+from scaler.sim.keda import KedaEmulator
+from scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
 from tests.payloads import EngineLoad, vllm_v1
 from tests.replicas import Replica, unused_port
 from tests.scalerproc import channel_to, running_scaler

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from scaler._proto import externalscaler_pb2 as pb
 from scaler.server import ScalerServer
-from tests.keda import KedaEmulator
+from scaler.sim.keda import KedaEmulator
 from tests.payloads import EngineLoad, vllm_v1
 from tests.replicas import Replica, replicas, unused_port
 from tests.scalerproc import channel_to, running_scaler

@@ -7,7 +7,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.keda import KedaEmulator
+from scaler.sim.keda import KedaEmulator
 from tests.payloads import EngineLoad, vllm_v1
 from tests.replicas import replicas, unused_port
 from tests.scalerproc import channel_to, running_scaler

@@ -16,7 +16,7 @@ from scaler.sim.profiles import PROFILES, Profile
 from scaler.sim.replica import Request, SimReplica
 from scaler.sim.trace import TraceRequest
 
-__all__ = ["RunConfig", "RunResult", "capacity_at_slo", "simulate"]
+__all__ = ["RunConfig", "RunResult", "add_ttft_p95", "capacity_at_slo", "percentile", "simulate"]
 
 TICK_S = 1.0
 TIMELINE_EVERY_S = 10.0
@@ -46,7 +46,7 @@ class RunResult:
     requests: list[Request] = field(default_factory=list)
 
 
-def _pct(values: Sequence[float], q: float) -> float | None:
+def percentile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
@@ -182,7 +182,7 @@ def simulate(trace: Sequence[TraceRequest], cfg: RunConfig,
         fleet.advance(tail, 5.0)
     with_ttft = [r.ttft for r in requests if r.ttft is not None]
     met = sum(1 for r in requests if r.ttft is not None and r.ttft <= cfg.slo_ttft_s)
-    _add_ttft_p95(timeline, requests)
+    add_ttft_p95(timeline, requests)
     summary = {
         "policy": cfg.policy,
         "knob": policy.knob_name,
@@ -191,9 +191,9 @@ def simulate(trace: Sequence[TraceRequest], cfg: RunConfig,
         "requests": len(requests),
         "slo_ttft_s": cfg.slo_ttft_s,
         "slo_attainment": met / len(requests) if requests else 1.0,
-        "ttft_p50_s": _pct(with_ttft, 0.50),
-        "ttft_p95_s": _pct(with_ttft, 0.95),
-        "ttft_p99_s": _pct(with_ttft, 0.99),
+        "ttft_p50_s": percentile(with_ttft, 0.50),
+        "ttft_p95_s": percentile(with_ttft, 0.95),
+        "ttft_p99_s": percentile(with_ttft, 0.99),
         "failed": sum(1 for r in requests if r.ttft is None),
         "rejected": sum(1 for r in requests if r.state == 4),
         "gpu_hours": gpu_hours,
@@ -208,7 +208,7 @@ def simulate(trace: Sequence[TraceRequest], cfg: RunConfig,
     return RunResult(summary, timeline, requests)
 
 
-def _add_ttft_p95(timeline: list[dict[str, float | None]], requests: Sequence[Request]) -> None:
+def add_ttft_p95(timeline: list[dict[str, float | None]], requests: Sequence[Request]) -> None:
     """p95 TTFT of the requests that arrived in the minute before each timeline point (a miss without a
     first token counts as +inf)."""
     arrivals = [r.arrival for r in requests]
@@ -216,4 +216,4 @@ def _add_ttft_p95(timeline: list[dict[str, float | None]], requests: Sequence[Re
         t = float(point["t"] or 0.0)
         lo, hi = bisect.bisect_left(arrivals, t - 60.0), bisect.bisect_left(arrivals, t)
         window = [r.ttft if r.ttft is not None else math.inf for r in requests[lo:hi]]
-        point["ttft_p95_s"] = _pct(window, 0.95)
+        point["ttft_p95_s"] = percentile(window, 0.95)

@@ -1,5 +1,9 @@
-"""A fake Kubernetes API server on loopback that serves real-shaped discovery.k8s.io/v1 EndpointSlice
-and core/v1 Service JSON, checks the bearer token, and can be switched to fail (401/403/500)."""
+"""A stand-in for the Kubernetes API on loopback: real-shaped discovery.k8s.io/v1 EndpointSlice and
+core/v1 Service JSON, a bearer-token check, and switchable failures (401/403/500).
+
+The demo publishes its simulated pods through it (the scaler discovers them exactly as in a cluster);
+the tests use it where no API server can run. One EndpointSlice per distinct port.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +14,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+__all__ = ["Endpoint", "FakeKube", "FakeKubeServer"]
+
 
 @dataclass
 class Endpoint:
     address: str
     ready: bool | None = True  # None: no `ready` condition (means ready)
     pod: str = ""
+    port: int | None = None  # None: the FakeKube's port
 
 
 @dataclass
@@ -27,11 +34,16 @@ class FakeKube:
     requests: list[str] = field(default_factory=list)
 
     def endpointslice_list(self, namespace: str, service: str) -> dict[str, Any]:
-        eps = self.services.get((namespace, service), [])
+        eps = list(self.services.get((namespace, service), []))
+        by_port: dict[int, list[Endpoint]] = {}
+        for e in eps:
+            by_port.setdefault(e.port or self.port, []).append(e)
+        if (namespace, service) in self.services and not by_port:
+            by_port[self.port] = []  # a Service without ready pods still has its (empty) slice
         items = []
-        if (namespace, service) in self.services:
+        for n, (port, group) in enumerate(sorted(by_port.items())):
             endpoints = []
-            for e in eps:
+            for e in group:
                 conditions: dict[str, Any] = {"serving": True, "terminating": False}
                 if e.ready is not None:
                     conditions["ready"] = e.ready
@@ -39,13 +51,13 @@ class FakeKube:
                                   "targetRef": {"kind": "Pod", "namespace": namespace, "name": e.pod or e.address},
                                   "nodeName": "node-1"})
             items.append({
-                "metadata": {"name": f"{service}-abcde", "namespace": namespace, "generateName": f"{service}-",
+                "metadata": {"name": f"{service}-{n:05d}", "namespace": namespace, "generateName": f"{service}-",
                              "labels": {"kubernetes.io/service-name": service,
                                         "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
                              "resourceVersion": "1234"},
                 "addressType": "IPv4",
                 "endpoints": endpoints,
-                "ports": [{"name": "http", "protocol": "TCP", "port": self.port}],
+                "ports": [{"name": "http", "protocol": "TCP", "port": port}],
             })
         return {"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
                 "metadata": {"resourceVersion": "1234"}, "items": items}

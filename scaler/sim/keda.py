@@ -28,7 +28,7 @@ class Observation:
 
 class KedaEmulator:
     def __init__(self, channel: grpc.aio.Channel, name: str, namespace: str, metadata: Mapping[str, str]):
-        self.stub = pb_grpc.ExternalScalerStub(channel)
+        self.stub = pb_grpc.ExternalScalerStub(channel)  # type: ignore[no-untyped-call]
         self.ref = pb.ScaledObjectRef(name=name, namespace=namespace,
                                       scalerMetadata={"scalerAddress": "llm-scaler.keda:9090", **metadata})
 
