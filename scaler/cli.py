@@ -160,9 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"keda-llm-scaler serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_json)
+    from scaler.kube import KubeError
+
     try:
         asyncio.run(run(settings))
-    except OSError as exc:
+    except (OSError, KubeError) as exc:
         print(f"keda-llm-scaler serve: {exc}", file=sys.stderr)
         return 1
     return 0

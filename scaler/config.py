@@ -46,6 +46,8 @@ class Settings:
     kube_api_url: str = ""
     kube_token_file: Path | None = None
     kube_ca_file: Path | None = None
+    kubeconfig: Path | None = None
+    kube_context: str = ""
     shutdown_grace: float = 5.0
 
     def __post_init__(self) -> None:
@@ -76,6 +78,8 @@ SETTINGS_HELP: Final[dict[str, str]] = {
     "kube_api_url": "Kubernetes API URL (default: in-cluster service account, when present)",
     "kube_token_file": "bearer token file for --kube-api-url",
     "kube_ca_file": "CA file for --kube-api-url",
+    "kubeconfig": "kubeconfig file for development (token or client-certificate users)",
+    "kube_context": "context of --kubeconfig (default: its current-context)",
     "shutdown_grace": "seconds in-flight RPCs get to finish on SIGTERM",
 }
 

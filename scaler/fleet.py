@@ -179,10 +179,11 @@ class FleetState:
         self._urls = urls
         return changes
 
-    def evaluate(self, now: float) -> Evaluation:
+    def evaluate(self, now: float, incoming: int = 0) -> Evaluation:
+        """``incoming``: replicas starting (not ready yet), counted as capacity on the way."""
         reports = tuple(self._replicas[u].report(now, self.stale_after) for u in self._urls)
         try:
-            comp: Composite | None = composite([_policy_input(r) for r in reports], self.params)
+            comp: Composite | None = composite([_policy_input(r) for r in reports], self.params, incoming)
             error = None
         except NoFreshData as exc:
             comp, error = None, f"{exc}: " + "; ".join(f"{r.url} {r.reason}" for r in reports[:5])

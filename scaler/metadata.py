@@ -72,14 +72,14 @@ _LINK_LOCAL_V6 = ipaddress.ip_network("fe80::/10")
 class Discovery:
     """Where the replicas are: exactly one of the three kinds."""
 
-    kind: str  # "static" | "dns" | "kubernetes"
+    kind: str  # "static" | "dns" | "kubernetes" | "workload" (zero-config scaleTargetRef)
     endpoints: tuple[str, ...] = ()  # static: full scrape URLs, sorted
     dns_name: str = ""
     service: str = ""
     namespace: str = ""
     port: int = 0
-    # `service` without `port`: a slice with a single port is scraped on that port (the Service's only
-    # port); other slices on `port`, the engine's default.
+    # No `port` given: `service` scrapes a single-port EndpointSlice on its port, zero-config scrapes
+    # the pod template's container port (named http/metrics, else the first); else the engine default.
     port_from_slice: bool = False
     scheme: str = "http"
     metrics_path: str = "/metrics"
@@ -190,13 +190,18 @@ def endpoint_urls(raw: str, metrics_path: str) -> tuple[str, ...]:
 
 def _discovery(meta: Mapping[str, str], namespace: str, engine: str, allow_cross_namespace: bool) -> Discovery:
     present = [k for k in DISCOVERY_KEYS if meta.get(k, "").strip()]
-    if len(present) != 1:
-        problem = "none given" if not present else f"several given ({', '.join(present)})"
-        raise BadMetadata(" | ".join(DISCOVERY_KEYS), f"exactly one discovery key is required, {problem}",
-                          "endpoints=<URLs> | dnsName=<headless Service name> | service=<name> (+ port)")
+    if len(present) > 1:
+        raise BadMetadata(" | ".join(DISCOVERY_KEYS), f"at most one discovery key, several given "
+                          f"({', '.join(present)})",
+                          "endpoints=<URLs> | dnsName=<headless Service name> | service=<name> (+ port), or "
+                          "none for the ScaledObject's scaleTargetRef")
     metrics_path = meta.get("metricsPath", "").strip() or str(DEFAULTS["metricsPath"])
     if not metrics_path.startswith("/") or any(c in metrics_path for c in " ?#"):
         raise BadMetadata("metricsPath", f"{metrics_path!r} is not an absolute path", "a path like /metrics")
+    if not present:  # zero-config: the pods of the ScaledObject's scaleTargetRef
+        return Discovery("workload", namespace=namespace, port=_port(meta, engine),
+                         scheme=_choice(meta, "scheme", ("http", "https")), metrics_path=metrics_path,
+                         port_from_slice=not meta.get("port", "").strip())
     kind = present[0]
     if kind == "endpoints":
         return Discovery("static", endpoints=endpoint_urls(meta["endpoints"], metrics_path))

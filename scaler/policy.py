@@ -46,6 +46,7 @@ __all__ = [
     "ScoringParams",
     "composite",
     "score_replica",
+    "with_incoming",
 ]
 
 IN_FLIGHT_FLOOR: Final = 0.01  # 10x KEDA's milli resolution: work in flight is never "inactive"
@@ -130,10 +131,28 @@ def score_replica(r: ReplicaInput, p: ScoringParams) -> ReplicaScore:
     return score
 
 
-def composite(replicas: Sequence[ReplicaInput], p: ScoringParams) -> Composite:
-    """Score a fleet. The caller passes replicas in a fixed order (by URL) for determinism."""
+def with_incoming(excess: float, incoming: int) -> float:
+    """Demand beyond the ready replicas, once ``incoming`` starting replicas count as capacity on the way.
+
+    Each starting replica will take up to one replica-equivalent of that excess, so the excess asks for
+    more only beyond them — but never for less than what is starting while it is larger (the HPA keeps
+    what it started). When no more is starting than the excess needs, nothing changes. Monotone in
+    ``excess``; unchanged when nothing is starting.
+    """
+    if incoming <= 0 or excess <= incoming:
+        return excess
+    return max(excess - incoming, float(incoming))
+
+
+def composite(replicas: Sequence[ReplicaInput], p: ScoringParams, incoming: int = 0) -> Composite:
+    """Score a fleet. The caller passes replicas in a fixed order (by URL) for determinism.
+
+    ``incoming``: replicas that exist but are not ready yet (not-ready EndpointSlice endpoints).
+    """
     if not replicas:
-        return Composite(0.0, 0, 0, 0.0, 0.0, 0.0, 0.0, "idle")
+        # Nothing ready: zero, unless replicas are starting (then hold them: no data says otherwise).
+        value = float(incoming)
+        return Composite(value, 0, 0, 0.0, 0.0, 0.0, value, "assumed" if incoming else "idle")
     expired = sum(1 for r in replicas if r.expired)
     if expired == len(replicas):
         raise NoFreshData(f"no fresh data from any of {len(replicas)} replicas")
@@ -142,6 +161,9 @@ def composite(replicas: Sequence[ReplicaInput], p: ScoringParams) -> Composite:
     reject = math.fsum(s.reject for s in scores)
     if any(s.rejecting for s in scores):
         total = max(total, len(scores) + reject)
+    if total > len(scores):
+        # what exceeds the ready replicas is what the starting ones are coming for
+        total = len(scores) + with_incoming(total - len(scores), incoming)
     assumed = math.fsum(s.demand - (s.load + s.queue + s.reject) for s in scores if s.assumed_at_target)
     terms = {
         "load": math.fsum(s.load for s in scores),

@@ -59,7 +59,7 @@ class TargetRegistry:
             self._parsed.move_to_end(key)
             return cfg
         cfg = parse_trigger(namespace, name, metadata, allow_cross_namespace=self.allow_cross_namespace)
-        make_resolver(cfg.discovery, self._kube)  # refuses `service` when Kubernetes is not configured
+        make_resolver(cfg.discovery, self._kube, name)  # refuses Kubernetes discovery when not configured
         for hint in metadata_hints(metadata):
             log.warning("metadata_hint", scaledobject=f"{namespace}/{name}", hint=hint)
         self._parsed[key] = cfg
@@ -73,8 +73,8 @@ class TargetRegistry:
         if target is None:
             if len(self._targets) >= self.max_targets:
                 raise TooManyTargets(f"this scaler already serves {self.max_targets} targets (--max-targets)")
-            target = Target(cfg, make_resolver(cfg.discovery, self._kube), self._scraper, self._observer,
-                            clock=self._clock)
+            target = Target(cfg, make_resolver(cfg.discovery, self._kube, cfg.name), self._scraper,
+                            self._observer, clock=self._clock)
             self._targets[cfg.key] = target
             target.start()
             log.info("target_registered", target=cfg.label, target_id=target.id, discovery=cfg.discovery.kind,

@@ -43,8 +43,11 @@ _GRPC_OPTIONS: Final = [
 
 
 def _kube_client(settings: Settings) -> KubeClient | None:
+    """Explicit API URL, else a kubeconfig, else the in-cluster service account, else none."""
     if settings.kube_api_url:
         return KubeClient(KubeConfig(settings.kube_api_url, settings.kube_token_file, settings.kube_ca_file))
+    if settings.kubeconfig is not None:
+        return KubeClient(KubeConfig.from_kubeconfig(settings.kubeconfig, settings.kube_context or None))
     in_cluster = KubeConfig.in_cluster()
     return KubeClient(in_cluster) if in_cluster is not None else None
 

@@ -43,6 +43,7 @@ class Snapshot:
     evaluation: Evaluation
     discovery_error: str | None = None
     cycle_s: float = 0.0  # how long discovery + all scrapes of this cycle took
+    starting: int = 0  # replicas not ready yet (counted as capacity on the way)
 
     @property
     def composite(self) -> Composite | None:
@@ -74,6 +75,7 @@ class Target:
         self._clock = clock
         self._fleet = FleetState(cfg.scoring, cfg.stale_after, cfg.scrape_interval)
         self._urls: list[str] | None = None
+        self._starting = 0
         self._cycle = 0
         self.snapshot: Snapshot | None = None
         self.last_used = clock()
@@ -146,10 +148,11 @@ class Target:
 
     async def _resolve(self) -> str | None:
         try:
-            urls = await self._resolver.resolve()
+            found = await self._resolver.resolve()
         except DiscoveryError as exc:
             log.warning("discovery_failed", target=self.cfg.label, error=str(exc))
             return str(exc)
+        urls, self._starting = found.urls, found.starting
         if self._urls is not None and urls != self._urls:
             log.info("replicas_changed", target=self.cfg.label, added=sorted(set(urls) - set(self._urls)),
                      removed=sorted(set(self._urls) - set(urls)))
@@ -180,8 +183,9 @@ class Target:
                             detail=res.detail[:300])
             else:
                 log.info("replica_scrape_recovered", target=cfg.label, url=url)
-        evaluation = self._fleet.evaluate(now)
-        return self._publish(Snapshot(now, time.time(), self._cycle, evaluation, discovery_error, now - started))
+        evaluation = self._fleet.evaluate(now, self._starting)
+        return self._publish(Snapshot(now, time.time(), self._cycle, evaluation, discovery_error, now - started,
+                                      self._starting))
 
     def _publish(self, snap: Snapshot) -> Snapshot:
         self._cycle += 1

@@ -75,7 +75,8 @@ class _TargetCollector(Collector):
         preempt = family("preemptions_per_second", "Preemptions per second, fleet total")
         ttft = family("ttft_p95_seconds", "p95 time to first token over the rate window")
         qtime = family("queue_time_p95_seconds", "p95 time spent waiting over the rate window")
-        replicas = family("replicas", "Replicas by scrape state (fresh, stale, expired)", ("state",))
+        replicas = family("replicas", "Replicas by state: fresh, stale, expired (scraped), starting (not ready)",
+                          ("state",))
         age = family("snapshot_age_seconds", "Seconds since the target's last scrape cycle finished")
         cycle = family("scrape_cycle_seconds", "Duration of the target's last cycle (discovery and all scrapes)")
         count = GaugeMetricFamily("llm_scaler_targets", "Targets (ScaledObject fleets) being scraped")
@@ -92,6 +93,7 @@ class _TargetCollector(Collector):
             cycle.add_metric(labels, snap.cycle_s)
             for state in REPLICA_STATES:
                 replicas.add_metric([*labels, state], snap.count(state))
+            replicas.add_metric([*labels, "starting"], snap.starting)
             if snap.composite is not None:
                 c = snap.composite
                 composite.add_metric(labels, c.value)

@@ -24,7 +24,7 @@ AT_TARGET = vllm_v1([EngineLoad(0, 30, 0.85)])
 
 async def test_dns_resolves_every_address() -> None:
     cfg = parse_trigger("serving", "llm", {"dnsName": "localhost", "port": "8123"})
-    urls = await DnsResolver(cfg.discovery).resolve()
+    urls = (await DnsResolver(cfg.discovery).resolve()).urls
     assert "http://127.0.0.1:8123/metrics" in urls
     assert urls == sorted(set(urls))
 
@@ -32,7 +32,7 @@ async def test_dns_resolves_every_address() -> None:
 async def test_dns_name_without_records_is_an_empty_fleet_not_an_error() -> None:
     cfg = parse_trigger("serving", "llm", {"dnsName": "no-such-service.invalid"})
     try:
-        assert await DnsResolver(cfg.discovery).resolve() == []
+        assert (await DnsResolver(cfg.discovery).resolve()).urls == []
     except DiscoveryError as exc:  # a resolver with no upstream answers "try again", which is not "no records"
         assert "failed" in str(exc)
 
@@ -66,11 +66,11 @@ async def test_endpointslices_end_to_end(fleet: list[Replica], kube: tuple[FakeK
         # an unready endpoint is not scraped; a missing `ready` condition means ready
         state.services[("serving", "vllm")] = [Endpoint(fleet[0].host, ready=False), Endpoint(fleet[1].host),
                                                Endpoint(fleet[2].host, ready=None)]
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(2.5)  # the API client caches lists for 2 s
         assert (await keda.poll()).value == 2.0
         # zero ready pods is a legitimate 0, not missing data (C13)
         state.services[("serving", "vllm")] = []
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(2.5)  # the API client caches lists for 2 s
         obs = await keda.poll()
         assert (obs.value, obs.active) == (0.0, False)
         assert any("labelSelector=kubernetes.io%2Fservice-name%3Dvllm" in r or
@@ -88,7 +88,7 @@ async def test_api_errors_keep_the_last_fleet(status: int, fleet: list[Replica],
             state.token = "rotated"
         else:
             state.fail_status = status
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(2.5)  # the API client caches lists for 2 s
         assert (await keda.poll()).value == 3.0  # the API failing is not the fleet vanishing
 
 
@@ -126,3 +126,127 @@ async def test_cross_namespace_is_refused_unless_enabled(kube: tuple[FakeKube, F
             channel_to(server) as ch:
         keda = KedaEmulator(ch, "llm", "other", {"service": "serving/vllm", **FAST})
         assert len((await keda.stub.GetMetricSpec(keda.ref)).metricSpecs) == 1
+
+
+def _pod(name: str, ip: str | None, ready: bool, labels: dict[str, str], *, terminating: bool = False,
+         port: int = 8000) -> dict[str, object]:
+    meta: dict[str, object] = {"name": name, "namespace": "serving", "labels": labels, "uid": f"uid-{name}"}
+    if terminating:
+        meta["deletionTimestamp"] = "2026-11-29T12:00:00Z"
+    status: dict[str, object] = {"phase": "Running" if ip else "Pending",
+                                 "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    if ip:
+        status["podIP"] = ip
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [{"name": "vllm", "ports": [{"name": "http", "containerPort": port}]}]},
+            "status": status}
+
+
+def _zero_config_cluster(state: FakeKube, fleet: list[Replica]) -> None:
+    labels = {"app.kubernetes.io/name": "vllm-llama"}
+    state.scaled_objects[("serving", "llm")] = {
+        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+        "metadata": {"name": "llm", "namespace": "serving"},
+        "spec": {"scaleTargetRef": {"name": "vllm-llama"},  # apiVersion/kind default: apps/v1 Deployment
+                 "triggers": [{"type": "external", "metadata": {"scalerAddress": "scaler:9090"}}]},
+    }
+    state.workloads[("serving", "deployments", "vllm-llama")] = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "vllm-llama", "namespace": "serving"},
+        "spec": {"replicas": 5, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                     {"name": "vllm", "ports": [{"name": "http", "containerPort": fleet[0].port}]}]}}},
+    }
+    state.pods["serving"] = [
+        *(_pod(f"vllm-{i}", r.host, True, labels, port=r.port) for i, r in enumerate(fleet)),
+        _pod("vllm-starting", "127.0.0.9", False, labels),  # scheduled, model still loading
+        _pod("vllm-pending", None, False, labels),  # no IP yet
+        _pod("vllm-old", "127.0.0.8", True, labels, terminating=True),
+        _pod("other", "127.0.0.7", True, {"app.kubernetes.io/name": "other"}),
+    ]
+
+
+async def test_zero_config_discovery_from_scale_target_ref(fleet: list[Replica],
+                                                           kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
+    state, api, token = kube
+    _zero_config_cluster(state, fleet)
+    async with running_scaler(kube_api_url=api.url, kube_token_file=token) as server, channel_to(server) as ch:
+        keda = KedaEmulator(ch, "llm", "serving", FAST)  # no discovery key at all
+        assert (await keda.poll()).value == 3.0  # three ready pods at target; starting ones not scraped
+        snap = server.registry.targets()[0].snapshot
+        assert snap is not None and snap.starting == 2
+        assert {r.url for r in snap.evaluation.replicas} == {f"http://{r.host}:{r.port}/metrics" for r in fleet}
+        for r in fleet:  # saturate: the excess over 3 ready replicas is discounted by the 2 starting
+            r.set(payload=vllm_v1([EngineLoad(60, 30, 0.85)]))
+        await asyncio.sleep(1.2)
+        assert (await keda.poll()).value == pytest.approx(3 + max(3 * 2.0 - 2, 2), abs=0.01)
+        paths = [p.split("?")[0] for p in state.requests]
+        assert "/apis/keda.sh/v1alpha1/namespaces/serving/scaledobjects/llm" in paths
+        assert "/apis/apps/v1/namespaces/serving/deployments/vllm-llama" in paths
+
+
+async def test_zero_config_errors_are_unavailable(kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
+    _, api, token = kube
+    async with running_scaler(kube_api_url=api.url, kube_token_file=token) as server, channel_to(server) as ch:
+        keda = KedaEmulator(ch, "missing", "serving", FAST)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await keda.poll()
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "ScaledObject serving/missing not found" in (err.value.details() or "")
+
+
+async def test_api_calls_are_shared_and_cached(fleet: list[Replica],
+                                               kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
+    state, api, token = kube
+    _zero_config_cluster(state, fleet)
+    async with running_scaler(kube_api_url=api.url, kube_token_file=token) as server, channel_to(server) as ch:
+        # two triggers on the same ScaledObject (different thresholds): two targets, one set of API calls
+        a = KedaEmulator(ch, "llm", "serving", FAST)
+        b = KedaEmulator(ch, "llm", "serving", {**FAST, "activationThreshold": "0.5"})
+        await a.poll()
+        await b.poll()
+        state.requests.clear()
+        await asyncio.sleep(4.0)  # 8 scrape cycles per target
+        pod_lists = [p for p in state.requests if p.startswith("/api/v1/namespaces/serving/pods")]
+        assert 1 <= len(pod_lists) <= 3  # ~every 2 s, shared by both targets (not 16)
+
+
+async def test_slow_api_keeps_the_last_fleet(fleet: list[Replica], kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
+    state, api, token = kube
+    async with running_scaler(kube_api_url=api.url, kube_token_file=token) as server, channel_to(server) as ch:
+        keda = KedaEmulator(ch, "llm", "serving", {"service": "vllm", "port": str(fleet[0].port), **FAST})
+        assert (await keda.poll()).value == 3.0
+        state.delay_s = 6.0  # longer than the client's 5 s timeout
+        await asyncio.sleep(3.0)
+        assert (await keda.poll()).value == 3.0
+        state.delay_s = 0.0
+
+
+def test_kubeconfig_token_and_ca(tmp_path: Path) -> None:
+    import base64
+
+    from scaler.kube import KubeConfig
+
+    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
+    (tmp_path / "config").write_text(f"""
+apiVersion: v1
+kind: Config
+current-context: dev
+contexts:
+- name: dev
+  context: {{cluster: kind, user: me}}
+clusters:
+- name: kind
+  cluster: {{server: "https://127.0.0.1:6443/", certificate-authority-data: {ca}}}
+users:
+- name: me
+  user: {{token: abc123}}
+""")
+    cfg = KubeConfig.from_kubeconfig(tmp_path / "config")
+    assert cfg.api_url == "https://127.0.0.1:6443" and cfg.token == "abc123"
+    assert cfg.ca_file is not None and cfg.ca_file.read_bytes().startswith(b"-----BEGIN CERTIFICATE")
+    (tmp_path / "exec").write_text((tmp_path / "config").read_text().replace(
+        "user: {token: abc123}", "user: {exec: {command: aws}}"))
+    from scaler.kube import KubeError
+
+    with pytest.raises(KubeError, match="exec/auth-provider"):
+        KubeConfig.from_kubeconfig(tmp_path / "exec")

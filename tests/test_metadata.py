@@ -39,8 +39,7 @@ def test_endpoints_normalised_sorted_deduplicated() -> None:
 @pytest.mark.parametrize(
     ("extra", "key"),
     [
-        ({"endpoints": ""}, "endpoints | dnsName | service"),
-        ({"dnsName": "vllm.serving.svc"}, "endpoints | dnsName | service"),
+        ({"dnsName": "vllm.serving.svc"}, "endpoints | dnsName | service"),  # with endpoints: two keys
         ({"endpoints": "ftp://10.0.0.1/"}, "endpoints"),
         ({"endpoints": "file:///etc/passwd"}, "endpoints"),
         ({"endpoints": "http://169.254.169.254/latest/meta-data"}, "endpoints"),
@@ -71,9 +70,11 @@ def test_bad_values_name_the_key_and_accepted_values(extra: dict[str, str], key:
     assert f"metadata key {key!r}" in str(err.value) and "accepted:" in str(err.value)
 
 
-def test_missing_discovery_key() -> None:
-    with pytest.raises(BadMetadata, match="exactly one discovery key"):
-        parse(base={"scalerAddress": "x:1"})
+def test_no_discovery_key_is_zero_config_and_two_are_refused() -> None:
+    cfg = parse(base={"scalerAddress": "x:1"})
+    assert (cfg.discovery.kind, cfg.discovery.namespace, cfg.discovery.port_from_slice) == ("workload", "serving", True)
+    with pytest.raises(BadMetadata, match="at most one discovery key"):
+        parse(base={"endpoints": "http://10.0.0.1:8000", "service": "vllm"})
 
 
 def test_dns_and_service_discovery() -> None:

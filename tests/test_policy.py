@@ -139,3 +139,28 @@ def test_hpa_asks_for_ceil_of_composite() -> None:
     c = composite(replicas, P)
     assert c.value == pytest.approx(3 * (1 + 6 / 5))
     assert math.ceil(c.value / 1.0) == 7
+
+
+def test_starting_replicas_count_as_capacity_on_the_way() -> None:
+    saturated = [ReplicaInput(waiting=400, running=100, kv_usage=1.0)] * 2  # each reads 1.18 + 4
+    alone = composite(saturated, P).value
+    with_two_starting = composite(saturated, P, incoming=2).value
+    assert alone > 4
+    assert with_two_starting == pytest.approx(alone - 2)  # the two on their way take two of the excess
+    assert composite(saturated, P, incoming=3).value == pytest.approx(2 + max(alone - 2 - 3, 3))
+    assert composite(saturated, P, incoming=50).value == alone  # more starting than needed: no discount
+    # nothing changes while the fleet is within its ready replicas, and nothing ready holds the starting ones
+    calm = [ReplicaInput(waiting=0, running=10, kv_usage=0.5)] * 3
+    assert composite(calm, P, incoming=2).value == composite(calm, P).value
+    assert composite([], P, incoming=3).value == 3 and composite([], P, incoming=3).active(0.0)
+
+
+@given(st.lists(replica, min_size=1, max_size=6), st.integers(0, 8), st.data())
+def test_incoming_keeps_monotonicity(replicas: list[ReplicaInput], incoming: int, data: st.DataObject) -> None:
+    if all(r.expired for r in replicas):
+        return
+    base = composite(replicas, P, incoming).value
+    i = data.draw(st.integers(0, len(replicas) - 1))
+    bumped = list(replicas)
+    bumped[i] = ReplicaInput(**{**_fields(replicas[i]), "waiting": (replicas[i].waiting or 0) + 50})
+    assert composite(bumped, P, incoming).value >= base

@@ -108,8 +108,11 @@ class Demo:
             if pod.state == READY and pod.name not in self.exporters:
                 self.exporters[pod.name] = ReplicaExporter(pod.replica, self.lock)
         ready = [p for p in self.fleet.pods if p.state == READY and p.name in self.exporters]
+        starting = [p for p in self.fleet.pods if p.state == STARTING]
         self.kube.services[(NAMESPACE, SERVICE)] = [
-            Endpoint("127.0.0.1", pod=p.name, port=self.exporters[p.name].port) for p in ready]
+            *(Endpoint("127.0.0.1", pod=p.name, port=self.exporters[p.name].port) for p in ready),
+            # a pod whose model is still loading: in the slice, not ready (capacity on its way)
+            *(Endpoint("127.0.0.1", pod=p.name, ready=False, port=1) for p in starting)]
         serving = {p.name for p in self.fleet.pods if p.state in (READY, DRAINING)}
         for name in [n for n in self.exporters if n not in serving]:
             self.exporters.pop(name).close()

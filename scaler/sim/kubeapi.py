@@ -1,5 +1,6 @@
-"""A stand-in for the Kubernetes API on loopback: real-shaped discovery.k8s.io/v1 EndpointSlice and
-core/v1 Service JSON, a bearer-token check, and switchable failures (401/403/500).
+"""A stand-in for the Kubernetes API on loopback: real-shaped discovery.k8s.io/v1 EndpointSlice,
+core/v1 Service and Pod, apps/v1 Deployment/StatefulSet and keda.sh/v1alpha1 ScaledObject JSON, a
+bearer-token check, and switchable failures (401/403/500, slow answers).
 
 The demo publishes its simulated pods through it (the scaler discovers them exactly as in a cluster);
 the tests use it where no API server can run. One EndpointSlice per distinct port.
@@ -31,7 +32,17 @@ class FakeKube:
     services: dict[tuple[str, str], list[Endpoint]] = field(default_factory=dict)
     port: int = 8000
     fail_status: int = 0
+    delay_s: float = 0.0  # answer slowly (timeouts)
     requests: list[str] = field(default_factory=list)
+    scaled_objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    workloads: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (ns, plural, name)
+    pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # namespace -> Pod objects
+
+    def pods_matching(self, namespace: str, selector: str) -> dict[str, Any]:
+        wanted = dict(part.split("=", 1) for part in selector.split(",") if "=" in part)
+        items = [p for p in self.pods.get(namespace, [])
+                 if all((p.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in wanted.items())]
+        return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "99"}, "items": items}
 
     def endpointslice_list(self, namespace: str, service: str) -> dict[str, Any]:
         eps = list(self.services.get((namespace, service), []))
@@ -104,6 +115,19 @@ class _Handler(BaseHTTPRequestHandler):
                                         "metadata": {"name": parts[5], "namespace": parts[3]},
                                         "spec": {"clusterIP": "None", "ports": [{"port": kube.port}]}})
             return self._send(404, _status(404, "NotFound", f'services "{parts[5]}" not found'))
+        if parts[:3] == ["apis", "keda.sh", "v1alpha1"] and len(parts) == 7 and parts[5] == "scaledobjects":
+            so = kube.scaled_objects.get((parts[4], parts[6]))
+            if so is None:
+                return self._send(404, _status(404, "NotFound", f'scaledobjects.keda.sh "{parts[6]}" not found'))
+            return self._send(200, so)
+        if parts[:3] == ["apis", "apps", "v1"] and len(parts) == 7:
+            workload = kube.workloads.get((parts[4], parts[5], parts[6]))
+            if workload is None:
+                return self._send(404, _status(404, "NotFound", f'{parts[5]}.apps "{parts[6]}" not found'))
+            return self._send(200, workload)
+        if parts[:2] == ["api", "v1"] and len(parts) == 5 and parts[4] == "pods":
+            selector = parse_qs(url.query).get("labelSelector", [""])[0]
+            return self._send(200, kube.pods_matching(parts[3], selector))
         return self._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
 
 

@@ -13,7 +13,7 @@ from typing import Final
 
 from scaler.fleet import FleetState, Observation
 from scaler.policy import ScoringParams
-from scaler.sim.fleet import READY, Fleet
+from scaler.sim.fleet import READY, STARTING, Fleet
 from scaler.sim.hpa import AVERAGE_VALUE, UTILIZATION, Behavior, MetricReading, ScalingPolicy
 
 __all__ = ["POLICIES", "Policy", "make_policy"]
@@ -60,6 +60,7 @@ class CompositePolicy(Policy):
 
     scrape_interval_s: float = 5.0
     queue_depth: float = 5.0
+    count_incoming: bool = True  # starting pods (not-ready endpoints) as capacity on the way
     stale_after_s: float = 15.0
 
     def __post_init__(self) -> None:
@@ -70,7 +71,8 @@ class CompositePolicy(Policy):
 
     def sample(self, now: float, fleet: Fleet) -> None:
         self._state.update(now, (Observation(p.name, p.replica.signals()) for p in _ready(fleet)))
-        c = self._state.evaluate(now).composite
+        incoming = len(fleet.with_state(STARTING)) if self.count_incoming else 0
+        c = self._state.evaluate(now, incoming).composite
         self._composite = None if c is None else c.value
         self.value = self._composite
 
