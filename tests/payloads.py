@@ -44,6 +44,8 @@ def vllm_v1(
                  [*labels, "finished_reason"], registry=reg)
     ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                      labels, buckets=TTFT_BUCKETS, registry=reg)
+    queue = Histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+                      labels, buckets=(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0), registry=reg)
     for i, e in enumerate(engines):
         rank = str(i)
         running.labels(model, rank).set(e.running)
@@ -55,6 +57,7 @@ def vllm_v1(
         ok.labels(model, rank, "abort")
         for obs in ttft_observations:
             ttft.labels(model, rank).observe(obs)
+            queue.labels(model, rank).observe(obs / 2)
     http = Counter("http_requests", "Total number of requests by method, status and handler.",
                    ["handler", "method", "status"], registry=reg)
     http.labels("/v1/chat/completions", "POST", "2xx").inc(http_2xx)

@@ -1,0 +1,77 @@
+{{/* Chart name, truncated to 63 characters (DNS label). */}}
+{{- define "keda-llm-scaler.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: release-chart unless the release already contains the chart name. */}}
+{{- define "keda-llm-scaler.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "keda-llm-scaler.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels: immutable on a Deployment, so only name and instance. */}}
+{{- define "keda-llm-scaler.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "keda-llm-scaler.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "keda-llm-scaler.labels" -}}
+helm.sh/chart: {{ include "keda-llm-scaler.chart" . }}
+{{ include "keda-llm-scaler.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: external-scaler
+app.kubernetes.io/part-of: keda
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.additionalLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "keda-llm-scaler.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "keda-llm-scaler.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "keda-llm-scaler.image" -}}
+{{- printf "%s/%s:%s" .Values.image.registry .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Namespaces the namespaced RBAC covers. */}}
+{{- define "keda-llm-scaler.rbacNamespaces" -}}
+{{- if .Values.rbac.namespaces }}{{ join "," .Values.rbac.namespaces }}{{ else }}{{ .Release.Namespace }}{{ end }}
+{{- end }}
+
+{{/* Read-only rules discovery needs: EndpointSlices (`service`), the ScaledObject's scaleTargetRef,
+     its workload and pods (zero-config), Services (to tell "no endpoints" from "no such Service"). */}}
+{{- define "keda-llm-scaler.rbacRules" -}}
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["apps"]
+  resources: ["deployments", "statefulsets"]
+  verbs: ["get"]
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["get"]
+{{- end }}

@@ -1,0 +1,188 @@
+"""The Helm chart, rendered by Helm's own engine (helm-python-sdk), every object validated against the
+Kubernetes schemas (kubernetes-validate), the examples against KEDA's CRD schemas and the scaler's own
+metadata parser."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from scaler.metadata import parse_trigger
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "keda-llm-scaler"
+CRDS = Path(__file__).parent / "fixtures" / "crds"
+K8S_VERSION = "1.30.0"
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}  # Prometheus Operator CRDs: not in kubernetes-validate
+
+ALL_ON = {
+    "replicaCount": 2,
+    "tls": {"enabled": True, "secretName": "scaler-tls", "requireClientCert": True},
+    "rbac": {"namespaces": ["serving", "batch"]},
+    "networkPolicy": {"enabled": True},
+    "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
+    "prometheusRule": {"enabled": True},
+    "grafanaDashboard": {"enabled": True},
+    "extraEnv": [{"name": "LLM_SCALER_WARMUP_WAIT", "value": "0.2"}],
+    "podAnnotations": {"example.com/team": "inference"},
+}
+
+
+def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    chart = helm_python.Chart.load(str(CHART))
+    try:
+        out = chart.render(values or {}, name="keda-llm-scaler", namespace="keda", is_install=True)
+    finally:
+        chart.close()
+    docs: list[dict[str, Any]] = []
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_helm_lint_is_clean() -> None:
+    for values in ({}, ALL_ON, {"rbac": {"clusterWide": True}}):
+        report = helm_python.lint(str(CHART), values, strict=True, kube_version=f"v{K8S_VERSION}")
+        assert report["errors"] == []
+        assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize("values", [{}, ALL_ON, {"rbac": {"clusterWide": True}, "serviceAccount": {"name": "x"}}],
+                         ids=["defaults", "everything-on", "cluster-wide"])
+def test_every_rendered_object_validates(values: dict[str, Any]) -> None:
+    docs = render(values)
+    assert docs
+    for doc in docs:
+        if doc["kind"] in CRD_KINDS:
+            assert doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["spec"]
+            continue
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_defaults_render_the_minimum() -> None:
+    kinds = sorted(d["kind"] for d in render())
+    assert kinds == ["Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
+
+
+def test_everything_on_renders_every_piece() -> None:
+    docs = render(ALL_ON)
+    kinds = {d["kind"] for d in docs}
+    assert {"PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "PrometheusRule", "ConfigMap"} <= kinds
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["batch", "serving"]
+    cm = by_kind(docs, "ConfigMap")[0]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert '"title": "keda-llm-scaler"' in cm["data"]["keda-llm-scaler.json"]
+
+
+def test_deployment_is_hardened_and_probed() -> None:
+    dep = by_kind(render(), "Deployment")[0]
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and isinstance(pod["securityContext"]["runAsUser"], int)
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert c["livenessProbe"]["grpc"] == {"port": 9090, "service": "liveness"}
+    assert c["readinessProbe"]["grpc"] == {"port": 9090, "service": "readiness"}
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": 9090, "metrics": 8080}
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["LLM_SCALER_GRPC_PORT"] == "9090" and env["LLM_SCALER_METRICS_PORT"] == "8080"
+    assert pod["terminationGracePeriodSeconds"] > float(env["LLM_SCALER_SHUTDOWN_GRACE"])
+    assert c["image"] == "ghcr.io/keda-llm-scaler/keda-llm-scaler:0.1.0"
+    assert c["args"] == ["serve"]
+    svc = by_kind(render(), "Service")[0]
+    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"grpc": "grpc", "metrics": "metrics"}
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+
+
+def test_tls_from_a_secret() -> None:
+    dep = by_kind(render(ALL_ON), "Deployment")[0]
+    pod = dep["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["LLM_SCALER_TLS_CERT"].endswith("tls.crt") and env["LLM_SCALER_TLS_CLIENT_CA"].endswith("ca.crt")
+    assert {"name": "tls", "secret": {"secretName": "scaler-tls"}} in pod["volumes"]
+    with pytest.raises(helm_python.HelmError, match=r"tls.secretName is required"):
+        render({"tls": {"enabled": True}})
+
+
+def test_rbac_is_read_only_and_least_privilege() -> None:
+    for values in ({}, {"rbac": {"clusterWide": True}}):
+        docs = render(values)
+        roles = by_kind(docs, "Role") + by_kind(docs, "ClusterRole")
+        assert roles
+        for role in roles:
+            for rule in role["rules"]:
+                assert set(rule["verbs"]) <= {"get", "list", "watch"}
+                assert "secrets" not in rule["resources"] and "*" not in rule["resources"]
+    assert not by_kind(render(), "ClusterRole")  # namespaced unless asked
+    assert by_kind(render({"rbac": {"clusterWide": True}}), "ClusterRoleBinding")
+    assert not by_kind(render({"rbac": {"create": False}}), "Role")
+
+
+def test_values_are_documented_and_the_readme_is_generated() -> None:
+    import runpy
+
+    module = runpy.run_path(str(ROOT / "scripts" / "chart_readme.py"))
+    assert (CHART / "README.md").read_text() == module["render"](), "run: python scripts/chart_readme.py"
+
+
+# -- examples -------------------------------------------------------------------------------------
+
+def _crd_schema(file: str) -> dict[str, Any]:
+    crd = yaml.safe_load((CRDS / file).read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    schema = copy.deepcopy(version["schema"]["openAPIV3Schema"])
+    return schema
+
+
+SCHEMAS = {"ScaledObject": "keda.sh_scaledobjects.yaml", "TriggerAuthentication": "keda.sh_triggerauthentications.yaml"}
+EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_validate_against_keda_crds_and_our_parser(path: Path) -> None:
+    for doc in yaml.safe_load_all(path.read_text()):
+        jsonschema.validate(doc, _crd_schema(SCHEMAS[doc["kind"]]))
+        if doc["kind"] != "ScaledObject":
+            continue
+        for trigger in doc["spec"]["triggers"]:
+            assert trigger["type"] in ("external", "external-push")
+            meta = trigger["metadata"]
+            assert meta["scalerAddress"] == "keda-llm-scaler.keda.svc.cluster.local:9090"
+            parse_trigger(doc["metadata"]["namespace"], doc["metadata"]["name"], meta)  # valid for the scaler
+        behavior = doc["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+        assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 300  # minute-long cold starts
+        assert doc["spec"]["fallback"]["replicas"] >= 1
+
+
+def test_a_broken_example_is_caught() -> None:
+    doc = yaml.safe_load((CHART / "examples" / "scaledobject-vllm-external.yaml").read_text())
+    doc["spec"]["fallback"] = {"failureThreshold": "three"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, _crd_schema(SCHEMAS["ScaledObject"]))
+
+
+def test_the_schema_check_catches_a_broken_manifest() -> None:
+    dep = by_kind(render(), "Deployment")[0]
+    dep["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(dep, K8S_VERSION, strict=True)
+    dep = by_kind(render(), "Deployment")[0]
+    dep["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["grpcc"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(dep, K8S_VERSION, strict=True)
