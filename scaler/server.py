@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from pathlib import Path
 from typing import Any, Final
 
 import grpc
@@ -52,6 +53,42 @@ def _kube_client(settings: Settings) -> KubeClient | None:
     return KubeClient(in_cluster) if in_cluster is not None else None
 
 
+class _TlsFiles:
+    """The gRPC port's certificate, key and client CA, re-read when they change on disk.
+
+    cert-manager (and any Secret update) rewrites the mounted files in place; grpcio asks before every
+    new TLS handshake whether the configuration changed, so a rotated certificate is served from the
+    next connection on, without a restart. A half-written pair is retried at the next handshake.
+    """
+
+    def __init__(self, cert: Path, key: Path, client_ca: Path | None) -> None:
+        self._paths = [p for p in (cert, key, client_ca) if p is not None]
+        self._cert, self._key, self._ca = cert, key, client_ca
+        self._stamp = self._stat()
+
+    def _stat(self) -> tuple[tuple[int, int], ...]:
+        return tuple((p.stat().st_mtime_ns, p.stat().st_size) for p in self._paths)
+
+    def load(self) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration(
+            [(self._key.read_bytes(), self._cert.read_bytes())],
+            root_certificates=self._ca.read_bytes() if self._ca else None,
+        )
+
+    def reload_if_changed(self) -> grpc.ServerCertificateConfiguration | None:
+        try:
+            stamp = self._stat()
+            if stamp == self._stamp:
+                return None
+            config = self.load()
+        except (OSError, ValueError) as exc:  # mid-rotation: keep serving the current certificate
+            log.warning("tls_reload_failed", error=str(exc))
+            return None
+        self._stamp = stamp
+        log.info("tls_reloaded", cert=str(self._cert))
+        return config
+
+
 class ScalerServer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -82,12 +119,10 @@ class ScalerServer:
         address = f"{s.host}:{s.grpc_port}"
         if s.tls_cert is None or s.tls_key is None:
             return self.grpc.add_insecure_port(address)
-        ca = s.tls_client_ca.read_bytes() if s.tls_client_ca else None
-        creds = grpc.ssl_server_credentials(
-            [(s.tls_key.read_bytes(), s.tls_cert.read_bytes())],
-            root_certificates=ca,
-            require_client_auth=ca is not None,
-        )
+        files = _TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca)
+        creds = grpc.dynamic_ssl_server_credentials(  # grpcio documents None as "no change"; the stub omits it
+            files.load(), files.reload_if_changed,  # type: ignore[arg-type]
+            require_client_authentication=s.tls_client_ca is not None)
         return self.grpc.add_secure_port(address, creds)
 
     async def start(self) -> None:

@@ -97,3 +97,22 @@ async def test_grpc_go_client_mtls_like_keda(pki: dict[str, Path]) -> None:
         assert '"status":"SERVING"' in ok.stdout, ok.stdout + ok.stderr
         refused = await asyncio.to_thread(subprocess.run, base, capture_output=True, text=True, timeout=30)
         assert refused.returncode != 0
+
+
+async def test_rotated_certificate_is_served_without_a_restart(pki: dict[str, Path], tmp_path: Path) -> None:
+    """cert-manager rewrites the Secret's files in place: new connections get the new certificate."""
+    cert, key = tmp_path / "live.crt", tmp_path / "live.key"
+    cert.write_bytes(pki["server_cert"].read_bytes())
+    key.write_bytes(pki["server_key"].read_bytes())
+    async with running_scaler(tls_cert=cert, tls_key=key) as server:
+        assert await _check(server.grpc_port, _creds(pki, None)) == health_pb2.HealthCheckResponse.SERVING
+        new_ca = trustme.CA()
+        rotated = new_ca.issue_cert(HOST, "127.0.0.1")
+        rotated.cert_chain_pems[0].write_to_path(str(cert))
+        rotated.private_key_pem.write_to_path(str(key))
+        new_ca_file = tmp_path / "new-ca.pem"
+        new_ca.cert_pem.write_to_path(str(new_ca_file))
+        new_trust = grpc.ssl_channel_credentials(root_certificates=new_ca_file.read_bytes())
+        assert await _check(server.grpc_port, new_trust) == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.aio.AioRpcError):  # the old CA no longer verifies the served certificate
+            await _check(server.grpc_port, _creds(pki, None))

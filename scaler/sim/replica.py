@@ -24,7 +24,7 @@ from typing import Final
 from scaler.signals import EngineSignals, Histogram, ReplicaSignals
 from scaler.sim.profiles import Profile
 
-__all__ = ["QUEUE_TIME_BUCKETS", "TTFT_BUCKETS", "Request", "SimReplica"]
+__all__ = ["QUEUE_TIME_BUCKETS", "REJECTED", "TTFT_BUCKETS", "Request", "SimReplica"]
 
 # vLLM V1 bucket layouts (vllm/v1/metrics/loggers.py)
 TTFT_BUCKETS: Final = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,

@@ -13,7 +13,7 @@ from scaler.sim.fleet import DRAINING, READY, STARTING, Fleet
 from scaler.sim.hpa import BEHAVIORS, Hpa
 from scaler.sim.policies import OraclePolicy, Policy, make_policy
 from scaler.sim.profiles import PROFILES, Profile
-from scaler.sim.replica import Request, SimReplica
+from scaler.sim.replica import REJECTED, Request, SimReplica
 from scaler.sim.trace import TraceRequest
 
 __all__ = ["RunConfig", "RunResult", "add_ttft_p95", "capacity_at_slo", "percentile", "simulate"]
@@ -195,7 +195,7 @@ def simulate(trace: Sequence[TraceRequest], cfg: RunConfig,
         "ttft_p95_s": percentile(with_ttft, 0.95),
         "ttft_p99_s": percentile(with_ttft, 0.99),
         "failed": sum(1 for r in requests if r.ttft is None),
-        "rejected": sum(1 for r in requests if r.state == 4),
+        "rejected": sum(1 for r in requests if r.state == REJECTED),
         "gpu_hours": gpu_hours,
         "mean_replicas": replica_seconds / end if end else 0.0,
         "max_replicas": max_spec,
