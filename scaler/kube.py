@@ -15,7 +15,7 @@ import os
 import ssl
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -140,7 +140,7 @@ class KubeClient:
         self._token: str | None = config.token
         self._token_read_at = -TOKEN_REFRESH_S
         self._cache: dict[str, tuple[float, Any]] = {}
-        self._inflight: dict[str, asyncio.Future[Any]] = {}
+        self._inflight: dict[str, asyncio.Task[Any]] = {}
         self.requests = 0  # API calls made (what the cache saves is visible in tests)
 
     def _auth(self) -> dict[str, str]:
@@ -172,27 +172,33 @@ class KubeClient:
 
     async def get(self, path: str, *, params: Mapping[str, str] | None = None, what: str = "",
                   ttl: float = FAST_TTL_S, allow_404: bool = False) -> Any:
-        """GET with a short cache and request sharing; None for a 404 when ``allow_404``."""
+        """GET with a short cache and request sharing; None for a 404 when ``allow_404``.
+
+        The request runs in its own task: a caller that is cancelled (a target being evicted) does not
+        cancel it for the other targets waiting on the same object.
+        """
         key = path + "?" + "&".join(f"{k}={v}" for k, v in sorted((params or {}).items()))
         cached = self._cache.get(key)
-        now = time.monotonic()
-        if cached is not None and now - cached[0] < ttl:
+        if cached is not None and time.monotonic() - cached[0] < ttl:
             return cached[1]
-        pending = self._inflight.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = future
-        try:
-            value = await self._fetch(path, params, what or path, allow_404)
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved here: waiters re-raise it themselves
-            raise
-        finally:
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.create_task(self._fetch_and_cache(key, path, params, what or path, allow_404))
+            self._inflight[key] = task
+            task.add_done_callback(self._done(key))
+        return await asyncio.shield(task)
+
+    def _done(self, key: str) -> Callable[[asyncio.Task[Any]], None]:
+        def done(task: asyncio.Task[Any]) -> None:
             self._inflight.pop(key, None)
+            if not task.cancelled():
+                task.exception()  # retrieved: every waiter re-raises it itself
+        return done
+
+    async def _fetch_and_cache(self, key: str, path: str, params: Mapping[str, str] | None, what: str,
+                               allow_404: bool) -> Any:
+        value = await self._fetch(path, params, what, allow_404)
         self._cache[key] = (time.monotonic(), value)
-        future.set_result(value)
         return value
 
     async def list_endpointslices(self, namespace: str, service: str) -> list[dict[str, Any]]:

@@ -90,6 +90,8 @@ async def test_api_errors_keep_the_last_fleet(status: int, fleet: list[Replica],
             state.fail_status = status
         await asyncio.sleep(2.5)  # the API client caches lists for 2 s
         assert (await keda.poll()).value == 3.0  # the API failing is not the fleet vanishing
+        snap = server.registry.targets()[0].snapshot
+        assert snap is not None and f"HTTP {status}" in (snap.discovery_error or "")
 
 
 async def test_never_resolved_is_unavailable(kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
@@ -216,8 +218,10 @@ async def test_slow_api_keeps_the_last_fleet(fleet: list[Replica], kube: tuple[F
         keda = KedaEmulator(ch, "llm", "serving", {"service": "vllm", "port": str(fleet[0].port), **FAST})
         assert (await keda.poll()).value == 3.0
         state.delay_s = 6.0  # longer than the client's 5 s timeout
-        await asyncio.sleep(3.0)
-        assert (await keda.poll()).value == 3.0
+        await asyncio.sleep(8.0)
+        assert (await keda.poll()).value == 3.0  # discovery timed out; the last fleet is still scraped
+        snap = server.registry.targets()[0].snapshot
+        assert snap is not None and snap.discovery_error is not None and "ReadTimeout" in snap.discovery_error
         state.delay_s = 0.0
 
 
@@ -250,3 +254,23 @@ users:
 
     with pytest.raises(KubeError, match="exec/auth-provider"):
         KubeConfig.from_kubeconfig(tmp_path / "exec")
+
+
+async def test_a_cancelled_caller_does_not_cancel_the_shared_request(
+        kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
+    from scaler.kube import KubeClient, KubeConfig
+
+    state, api, token = kube
+    state.delay_s = 0.5
+    client = KubeClient(KubeConfig(api.url, token))
+    try:
+        first = asyncio.create_task(client.list_endpointslices("serving", "vllm"))
+        second = asyncio.create_task(client.list_endpointslices("serving", "vllm"))
+        await asyncio.sleep(0.1)
+        first.cancel()  # e.g. its target was evicted
+        slices = await second
+        assert slices and client.requests == 1
+        assert first.cancelled()
+    finally:
+        state.delay_s = 0.0
+        await client.aclose()

@@ -374,6 +374,7 @@ async def test_stream_never_sends_false_for_missing_data(channel: grpc.aio.Chann
     keda = KedaEmulator(channel, "llm", "serving", meta(f"http://127.0.0.1:{unused_port()}"))
     stream = Stream(keda.stub.StreamIsActive(keda.ref))
     assert await stream.next(2.0) is None
+    assert not stream.call.done()  # still open: silent, not ended and not an error
     stream.cancel()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -97,6 +98,8 @@ class _Handler(BaseHTTPRequestHandler):
         kube = self.server.kube
         url = urlsplit(self.path)
         kube.requests.append(self.path)
+        if kube.delay_s:
+            time.sleep(kube.delay_s)
         if self.headers.get("Authorization") != f"Bearer {kube.token}":
             return self._send(401, _status(401, "Unauthorized", "Unauthorized"))
         if kube.fail_status:
