@@ -132,6 +132,11 @@ class SimReplica:
     def in_flight(self) -> int:
         return len(self._pending) + len(self.waiting) + self.running
 
+    def in_flight_at(self, t: float) -> int:
+        """In flight as a router sees it at ``t``: the engine may have run a step past ``t`` already; what
+        that step finished is still in flight until the step ends."""
+        return self.in_flight() + sum(1 for r in self.finished if r.finished_at is not None and r.finished_at > t)
+
     def signals(self) -> ReplicaSignals:
         def hist(counts: list[int], bounds: tuple[float, ...], total: float) -> Histogram:
             cumulative, acc = [], 0.0
@@ -187,9 +192,10 @@ class SimReplica:
                 limit = min(t_end, self._pending[0].arrival) if self._pending else t_end
                 self._decode_steps(limit)
 
-    def _preempt_for(self, need: float) -> None:
-        """Free KV by preempting the most recently admitted requests (vLLM V1 RECOMPUTE)."""
+    def _preempt_for(self, need: float) -> bool:
+        """Free KV by preempting the most recently admitted requests (vLLM V1 RECOMPUTE); True if any was."""
         cap = self.profile.kv_tokens
+        preempted = False
         while self.kv_used + need > cap and self._admit_order:
             r = self._admit_order.pop()
             if r.state == DECODE:
@@ -207,10 +213,14 @@ class SimReplica:
             r.state = WAITING
             self.waiting.appendleft(r)
             self.preemptions_total += 1
+            preempted = True
+        return preempted
 
     def _mixed_step(self) -> None:
         p = self.profile
-        self._preempt_for(self.decoding)  # decoders each need one more KV token this step
+        # decoders each need one more KV token this step; as vLLM, a step that preempts admits nobody
+        # (unless it emptied the batch), or the victim would be re-admitted at once and thrash
+        preempted = self._preempt_for(self.decoding) and self.running > 0
         budget = p.max_num_batched_tokens - self.decoding
         chunks: list[tuple[Request, int]] = []
         scheduled = 0.0
@@ -224,10 +234,11 @@ class SimReplica:
             chunks.append((r, chunk))
             budget -= chunk
             scheduled += chunk
-        while (self.waiting and budget > 0 and self.running < p.max_num_seqs):
+        while not preempted and self.waiting and budget > 0 and self.running < p.max_num_seqs:
             r = self.waiting[0]
-            chunk = int(min(r.prompt_total - r.prefilled, budget, free - scheduled))
-            if chunk <= 0:
+            # as vLLM's allocate_slots: the whole chunk must fit in free KV, else admission stops
+            chunk = int(min(r.prompt_total - r.prefilled, budget))
+            if chunk <= 0 or chunk > free - scheduled:
                 break
             self.waiting.popleft()
             r.state = PREFILL
