@@ -239,7 +239,7 @@ class Demo:
                 "max_replicas": max(int((p["ready"] or 0) + (p["starting"] or 0)) for p in self.state.timeline),
                 "scale_events": self.state.ups + self.state.downs,
                 "scale_ups": self.state.ups, "scale_downs": self.state.downs,
-                "streams_cut": len(self.fleet.cut), "metric_errors": self.state.errors,
+                "streams_cut": self.fleet.streams_cut, "metric_errors": self.state.errors,
                 "speed": self.args.speed, "simulated_minutes": self.args.minutes,
             }
 

@@ -48,6 +48,16 @@ class Policy:
         """Policies that bypass the HPA (static, oracle) say how many replicas to run."""
         return None
 
+    def demand_replicas(self, ready: int, current: int) -> float | None:
+        """The latest reading in replica units, before tolerance and bounds (for plots): what the HPA's
+        proposal would be."""
+        reading = self.reading()
+        if reading is None:
+            return None
+        if reading.kind == AVERAGE_VALUE:
+            return reading.value / reading.target
+        return reading.value / reading.target * ready
+
 
 def _ready(fleet: Fleet) -> list:  # type: ignore[type-arg]
     return fleet.with_state(READY)
@@ -170,12 +180,15 @@ class StaticPolicy(Policy):
     def fixed_replicas(self, now: float) -> int | None:
         return int(self.knob)
 
+    def demand_replicas(self, ready: int, current: int) -> float | None:
+        return float(self.knob)
+
 
 @dataclass
 class OraclePolicy(Policy):
-    """A lower bound: perfect foresight of each window's arrivals, no cold start, and the fewest
-    replicas whose measured SLO-capacity covers the window's peak minute (``schedule`` is filled by the
-    runner from the trace and a single-replica capacity measurement)."""
+    """A lower bound: perfect foresight of every arrival, no cold start, and per minute the fewest
+    replicas a fluid model of the fleet says keep it within the SLO (``scaler.sim.oracle``; the runner
+    fills ``schedule`` from the workload and a single-replica capacity measurement)."""
 
     schedule: list[int] = field(default_factory=list)
     window_s: float = 60.0
@@ -185,6 +198,9 @@ class OraclePolicy(Policy):
 
     def reading(self) -> MetricReading | None:
         return None
+
+    def demand_replicas(self, ready: int, current: int) -> float | None:
+        return self.value
 
     def fixed_replicas(self, now: float) -> int | None:
         if not self.schedule:
@@ -201,7 +217,7 @@ POLICIES: Final[dict[str, tuple[str, float, tuple[float, ...]]]] = {
     "cpu": ("target", 0.7, (0.1, 0.15, 0.3, 0.5, 0.7)),
     "kaito": ("up", 0.8, (0.1, 0.2, 0.3, 0.5, 0.8)),
     "static": ("replicas", 8.0, (5.0, 6.0, 7.0, 8.0, 10.0, 12.0)),
-    "oracle": ("headroom", 0.8, (0.6, 0.7, 0.8, 0.9, 1.0)),
+    "oracle": ("headroom", 1.0, (0.8, 0.9, 1.0, 1.1, 1.2)),
 }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable
 from typing import Final
@@ -80,13 +81,6 @@ def _bucket_counts(bounds: tuple[float, ...]) -> list[int]:
     return [0] * len(bounds)
 
 
-def _observe(counts: list[int], bounds: tuple[float, ...], value: float) -> None:
-    for i, le in enumerate(bounds):
-        if value <= le:
-            counts[i] += 1
-            return
-
-
 class SimReplica:
     def __init__(self, profile: Profile, *, name: str = "replica", max_queue: int | None = None,
                  start: float = 0.0) -> None:
@@ -99,7 +93,8 @@ class SimReplica:
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
         self._heap: list[tuple[int, int, Request]] = []
-        self._admit_order: list[Request] = []  # for LIFO preemption (lazy: entries may be stale)
+        # running requests in admission order, for LIFO preemption (a dict pops its last item; O(1) delete)
+        self._admit_order: dict[int, Request] = {}
         self.step_no = 0
         self.decoding = 0  # D
         self.context = 0.0  # K: context tokens of the decoding sequences
@@ -185,8 +180,9 @@ class SimReplica:
                 return
             if self.clock >= t_end:
                 return
-            if self.prefilling or (self.waiting and self.running < self.profile.max_num_seqs
-                                   and self.kv_used < self.profile.kv_tokens):
+            if self.prefilling or (self.waiting
+                                   and len(self.prefilling) + self.decoding < self.profile.max_num_seqs
+                                   and self.context + self.prefill_kv < self.profile.kv_tokens):
                 self._mixed_step()
             else:
                 limit = min(t_end, self._pending[0].arrival) if self._pending else t_end
@@ -197,7 +193,7 @@ class SimReplica:
         cap = self.profile.kv_tokens
         preempted = False
         while self.kv_used + need > cap and self._admit_order:
-            r = self._admit_order.pop()
+            _, r = self._admit_order.popitem()
             if r.state == DECODE:
                 ctx = r.ctx_base + (self.step_no - r.decode_start)
                 r.generated = r.gen_base + (self.step_no - r.decode_start)
@@ -221,47 +217,56 @@ class SimReplica:
         # decoders each need one more KV token this step; as vLLM, a step that preempts admits nobody
         # (unless it emptied the batch), or the victim would be re-admitted at once and thrash
         preempted = self._preempt_for(self.decoding) and self.running > 0
-        budget = p.max_num_batched_tokens - self.decoding
+        decoding = self.decoding
+        budget = p.max_num_batched_tokens - decoding
         chunks: list[tuple[Request, int]] = []
-        scheduled = 0.0
-        free = p.kv_tokens - self.kv_used - self.decoding
+        free = p.kv_tokens - self.context - self.prefill_kv - decoding
+        prefill_tokens = 0
+        attention = 0.0
         for r in self.prefilling:  # prefills in progress first, FCFS
             if budget <= 0:
                 break
-            chunk = int(min(r.prompt_total - r.prefilled, budget, free - scheduled))
+            chunk = int(min(r.prompt_total - r.prefilled, budget, free))
             if chunk <= 0:
                 break
             chunks.append((r, chunk))
             budget -= chunk
-            scheduled += chunk
-        while not preempted and self.waiting and budget > 0 and self.running < p.max_num_seqs:
-            r = self.waiting[0]
-            # as vLLM's allocate_slots: the whole chunk must fit in free KV, else admission stops
-            chunk = int(min(r.prompt_total - r.prefilled, budget))
-            if chunk <= 0 or chunk > free - scheduled:
-                break
-            self.waiting.popleft()
-            r.state = PREFILL
-            if r.queued_at_admit is None:
-                r.queued_at_admit = self.clock - r.arrival
-                self._queue_sum += r.queued_at_admit
-                _observe(self._queue_counts, QUEUE_TIME_BUCKETS, r.queued_at_admit)
-            self.prefilling.append(r)
-            self._admit_order.append(r)
-            chunks.append((r, chunk))
-            budget -= chunk
-            scheduled += chunk
-        prefill_tokens = float(sum(c for _, c in chunks))
-        attention = float(sum(c * (r.prefilled + c / 2) for r, c in chunks))
-        dt = p.step_ms(prefill_tokens, self.decoding, self.context, attention) / 1000.0
+            free -= chunk
+            prefill_tokens += chunk
+            attention += chunk * (r.prefilled + chunk / 2)
+        if not preempted:
+            waiting, running, max_seqs = self.waiting, self.running, p.max_num_seqs
+            while waiting and budget > 0 and running < max_seqs:
+                r = waiting[0]
+                # as vLLM's allocate_slots: the whole chunk must fit in free KV, else admission stops
+                chunk = min(r.prompt_total - r.prefilled, budget)
+                if chunk <= 0 or chunk > free:
+                    break
+                waiting.popleft()
+                r.state = PREFILL
+                if r.queued_at_admit is None:
+                    queued = r.queued_at_admit = self.clock - r.arrival
+                    self._queue_sum += queued
+                    self._queue_counts[bisect_left(QUEUE_TIME_BUCKETS, queued)] += 1
+                self.prefilling.append(r)
+                self._admit_order[r.rid] = r
+                running += 1
+                chunks.append((r, chunk))
+                budget -= chunk
+                free -= chunk
+                prefill_tokens += chunk
+                attention += chunk * (r.prefilled + chunk / 2)
+        dt = (p.c_ms + p.b_ms * prefill_tokens + p.d_ms * decoding + p.e_ms * self.context / 1000.0
+              + p.f_ms * attention) / 1000.0
         self.clock += dt
         self.busy_s += dt
         self.steps += 1
-        self.prompt_tokens_total += int(prefill_tokens)
-        self.generation_tokens_total += self.decoding
+        self.prompt_tokens_total += prefill_tokens
+        self.generation_tokens_total += decoding
         self.step_no += 1
-        self.context += self.decoding
-        self._finish_decoders()
+        self.context += decoding
+        if self._heap and self._heap[0][0] <= self.step_no:
+            self._finish_decoders()
         for r, chunk in chunks:
             r.prefilled += chunk
             self.prefill_kv += chunk
@@ -278,7 +283,7 @@ class SimReplica:
             r.first_token_at = self.clock
             ttft = self.clock - r.arrival
             self._ttft_sum += ttft
-            _observe(self._ttft_counts, TTFT_BUCKETS, ttft)
+            self._ttft_counts[bisect_left(TTFT_BUCKETS, ttft)] += 1
         if r.generated >= r.output:
             self._complete(r)
             return
@@ -303,6 +308,7 @@ class SimReplica:
             self._complete(r)
 
     def _complete(self, r: Request) -> None:
+        self._admit_order.pop(r.rid, None)
         r.state = DONE
         r.finished_at = self.clock
         self.finished_total += 1
@@ -337,7 +343,8 @@ class SimReplica:
         self.generation_tokens_total += n * d
         self.step_no += n
         self.context += n * d
-        self._finish_decoders()
+        if self._heap and self._heap[0][0] <= self.step_no:
+            self._finish_decoders()
 
     # -- shutdown --------------------------------------------------------------------------------
     def cut_all(self, now: float) -> list[Request]:
@@ -357,6 +364,7 @@ class SimReplica:
         self.waiting.clear()
         self.prefilling.clear()
         self._heap.clear()
+        self._admit_order.clear()
         self.decoding = 0
         self.context = 0.0
         self.prefill_kv = 0.0
