@@ -100,3 +100,59 @@ def test_sweep_writes_pareto_and_table(short_trace: Path, tmp_path: Path) -> Non
     assert len(results) >= 30 and all(set(r) >= KEYS for r in results)
     assert (out_dir / "pareto.png").read_bytes()[:4] == b"\x89PNG"
     assert "sweep 1/" in out.stderr
+
+
+@pytest.mark.parametrize(("trace", "scale", "hours"), [("conv", "12", "0.25:0.6"), ("bursty", "4", "0.3:0.65")])
+def test_the_oracle_is_a_lower_bound_on_the_bundled_workloads(tmp_path: Path, trace: str, scale: str,
+                                                              hours: str) -> None:
+    """Every policy over its knob on 21 minutes of each bundled workload (the full hours are in docs/):
+    no configuration reaches any oracle point's attainment with fewer GPU-hours."""
+    from scaler.sim.replay import oracle_violations
+
+    out_dir = tmp_path / trace
+    out = subprocess.run([EXE, "replay", "--trace", trace, "--rate-scale", scale, "--hours", hours,
+                          "--hpa-behavior", "llm", "--sweep", "--out-dir", str(out_dir), "--quiet"],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr
+    results = json.loads((out_dir / "sweep.json").read_text())
+    assert {r["policy"] for r in results} == {"composite", "queue", "kv", "gpu-util", "cpu", "kaito", "static",
+                                              "oracle"}
+    assert all(r["routing"] == "least-loaded" for r in results)
+    oracles = [r for r in results if r["policy"] == "oracle"]
+    assert len(oracles) == 5 and max(r["slo_attainment"] for r in oracles) >= 0.99
+    assert oracle_violations(results) == []
+    assert "Oracle as a lower bound: holds" in (out_dir / "sweep.md").read_text()
+    statics = sorted(r["knob_value"] for r in results if r["policy"] == "static")
+    assert len(statics) == 7  # sized around the workload's own peak, not fixed counts
+
+
+def test_replay_of_a_diurnal_day_from_the_cli(tmp_path: Path) -> None:
+    png = tmp_path / "day.png"
+    out = subprocess.run([EXE, "replay", "--trace", "conv", "--rate-curve", "servegen", "--curve-model", "m-small",
+                          "--hours", "17:19", "--peak-rate", "30", "--policy", "composite", "--knob", "0.2",
+                          "--routing", "random", "--warm-nodes", "2", "--node-provision-s", "300", "--json",
+                          "--progress", "--plot", str(png)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    s = json.loads(out.stdout)
+    assert s["workload"].startswith("servegen_aggregate_rate_10min.csv:m-small") and s["duration_s"] == 7200
+    assert s["peak_rate_rps"] == pytest.approx(30) and s["routing"] == "random"
+    assert s["config"]["warm_nodes"] == 2 and s["config"]["node_provision_s"] == 300
+    assert s["requests"] == pytest.approx(s["mean_rate_rps"] * 7200, rel=0.05)
+    assert "simulated h" in out.stderr and "max RSS" in out.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--rate-curve", "servegen"], "--curve-model"),
+    (["--rate-curve", "servegen", "--curve-model", "m-small", "--hours", "400:401"], "beyond"),
+    (["--peak-rate", "10"], "--peak-rate goes with --rate-curve"),
+    (["--rate-scale", "0"], "--rate-scale"),
+    (["--hours", "3:1"], "--hours"),
+    (["--warm-nodes", "-1"], "--warm-nodes"),
+    (["--sweep", "--policies", "composite,bogus"], "bogus"),
+])
+def test_replay_refuses_bad_workload_options(argv: list[str], message: str, tmp_path: Path) -> None:
+    out = subprocess.run([EXE, "replay", "--trace", "conv", *argv, "--out-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr

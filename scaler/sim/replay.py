@@ -211,7 +211,22 @@ def _table(results: list[dict[str, Any]], target: float) -> str:
         mark = "" if meeting else " (misses the target)"
         lines.append(f"| {policy} | {best['knob']}={best['knob_value']:g}{mark} | "
                      f"{_fmt(best['slo_attainment'], True)} | {best['gpu_hours']:.1f} |")
+    violations = oracle_violations(results)
+    if any(r["policy"] == "oracle" for r in results):
+        lines += ["", "Oracle as a lower bound: " + (
+            "holds — no configuration reaches an oracle point's attainment with fewer GPU-hours." if not violations
+            else "VIOLATED by " + "; ".join(
+                f"{r['policy']} {r['knob']}={r['knob_value']:g} ({100 * r['slo_attainment']:.1f} %, "
+                f"{r['gpu_hours']:.1f} GPU-h) vs oracle {o['knob_value']:g} ({100 * o['slo_attainment']:.1f} %, "
+                f"{o['gpu_hours']:.1f} GPU-h)" for o, r in violations))]
     return "\n".join(lines) + "\n"
+
+
+def oracle_violations(results: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(oracle point, run) pairs where the run reaches the oracle's attainment with fewer GPU-hours."""
+    oracles = [r for r in results if r["policy"] == "oracle"]
+    return [(o, r) for o in oracles for r in results if r["policy"] != "oracle"
+            and r["slo_attainment"] >= o["slo_attainment"] and r["gpu_hours"] < o["gpu_hours"]]
 
 
 def _sweep(args: argparse.Namespace) -> int:

@@ -198,8 +198,42 @@ class _Accumulator:
         self.met = 0
         self.rejected = 0
         self.failed = 0
-        self.by_bin: dict[int, TtftHistogram] = {}
+        self.by_bin: dict[int, TtftHistogram] = {}  # by 10 s of arrival, until no point needs it
+        self.arrived: dict[int, int] = {}
+        self._waiting_points: deque[dict[str, float | None]] = deque()
         self.kept: list[Request] | None = [] if keep else None
+
+    def arrive(self, batch: Sequence[Request]) -> None:
+        for r in batch:
+            b = int(r.arrival // TIMELINE_EVERY_S)
+            self.arrived[b] = self.arrived.get(b, 0) + 1
+
+    def point(self, point: dict[str, float | None]) -> None:
+        """A timeline point gets its TTFT p95 once every request of its minute has an answer."""
+        self._waiting_points.append(point)
+        self.settle()
+
+    def _window(self, point: dict[str, float | None]) -> range:
+        last = math.ceil(float(point["t"] or 0.0) / TIMELINE_EVERY_S) - 1
+        return range(last - int(60 / TIMELINE_EVERY_S) + 1, last + 1)
+
+    def settle(self, final: bool = False) -> None:
+        while self._waiting_points:
+            point = self._waiting_points[0]
+            bins = self._window(point)
+            if not final and any(self.by_bin[b].total < n if b in self.by_bin else n > 0
+                                 for b in bins if (n := self.arrived.get(b, 0))):
+                return
+            window = TtftHistogram(resolution=0.05)
+            for b in bins:
+                if b in self.by_bin:
+                    window.merge(self.by_bin[b])
+            point["ttft_p95_s"] = window.quantile(0.95)
+            self._waiting_points.popleft()
+            keep_from = self._window(self._waiting_points[0]).start if self._waiting_points else bins.stop
+            for b in [b for b in self.by_bin if b < keep_from]:
+                del self.by_bin[b]
+                self.arrived.pop(b, None)
 
     def add(self, r: Request) -> None:
         ttft = r.ttft
@@ -279,10 +313,12 @@ def simulate(workload: Workload | Sequence[TraceRequest], cfg: RunConfig,
             upcoming = next(arrivals, None)
         requests_total += len(batch)
         bin_count += len(batch)
+        acc.arrive(batch)
         fleet.step(t_next, t_next - t, batch)
         for r in fleet.finished:
             acc.add(r)
         fleet.finished.clear()
+        acc.settle()
         replica_seconds += len(fleet.live()) * (t_next - t)
         t = t_next
         policy.observe(t, fleet)
@@ -309,7 +345,7 @@ def simulate(workload: Workload | Sequence[TraceRequest], cfg: RunConfig,
             recent.append(bin_count)
             bin_count = 0
             ready = fleet.count(READY)
-            timeline.append({
+            timeline.append(point := {
                 "t": t,
                 "load_rps": sum(recent) / min(60.0, max(t, 1.0)),
                 "ready": float(ready),
@@ -320,6 +356,7 @@ def simulate(workload: Workload | Sequence[TraceRequest], cfg: RunConfig,
                 "metric": policy.value,
                 "metric_replicas": policy.demand_replicas(ready, fleet.spec_replicas),
             })
+            acc.point(point)
         if progress is not None and t >= next_progress:
             next_progress += end / 50
             progress(t / end)
@@ -335,7 +372,7 @@ def simulate(workload: Workload | Sequence[TraceRequest], cfg: RunConfig,
     for r in leftovers:
         acc.add(r)
     fleet.finished.clear()
-    _fill_ttft_p95(timeline, acc.by_bin)
+    acc.settle(final=True)
     if progress is not None:
         progress(1.0)
     summary = {
@@ -374,18 +411,6 @@ def _take_until(requests: Iterator[TraceRequest], t_end: float) -> Iterator[Trac
         if r.t >= t_end:
             return
         yield r
-
-
-def _fill_ttft_p95(timeline: list[dict[str, float | None]], by_bin: dict[int, TtftHistogram]) -> None:
-    """p95 TTFT of the requests that arrived in the minute before each point (a miss counts as +inf)."""
-    per_minute = int(60 / TIMELINE_EVERY_S)
-    for point in timeline:
-        last = math.ceil(float(point["t"] or 0.0) / TIMELINE_EVERY_S) - 1
-        window = TtftHistogram(resolution=0.05)
-        for b in range(last - per_minute + 1, last + 1):
-            if b in by_bin:
-                window.merge(by_bin[b])
-        point["ttft_p95_s"] = window.quantile(0.95)
 
 
 def add_ttft_p95(timeline: list[dict[str, float | None]], requests: Sequence[Request]) -> None:
