@@ -3,6 +3,7 @@ rate curves (deterministic, window means kept, streamed), node provisioning, cap
 
 from __future__ import annotations
 
+import itertools
 import math
 import tracemalloc
 from pathlib import Path
@@ -34,7 +35,7 @@ def test_rate_scaling_keeps_the_burst_shape(trace_path: Path, factor: float) -> 
 def test_rate_scaling_does_not_send_copies_of_one_prompt_together() -> None:
     trace = load_trace(BUNDLED_TRACE)[:2000]
     scaled = scale_rate(trace, 8)
-    runs = sum(1 for a, b in zip(scaled, scaled[1:], strict=False) if a.prompt == b.prompt)
+    runs = sum(1 for a, b in itertools.pairwise(scaled) if a.prompt == b.prompt)
     assert runs < 0.2 * len(scaled)
 
 
@@ -91,7 +92,7 @@ def test_a_day_from_a_curve_is_deterministic_and_keeps_each_window_mean() -> Non
     assert rows == list(day.rows())  # re-iterable, same stream
     assert rows != list(CurveWorkload.build(BUNDLED_CURVE, BUNDLED_TRACE, model="m-small", hours=(17, 23),
                                             peak_rate=40, seed=4).rows())
-    assert all(a[0] <= b[0] for a, b in zip(rows, rows[1:], strict=False))
+    assert all(a[0] <= b[0] for a, b in itertools.pairwise(rows))
     # the count in each hour matches the integral of the interpolated rate within Poisson noise
     for h in range(6):
         expected = sum(day.rate_at(h * 3600 + s + 0.5) for s in range(3600))
