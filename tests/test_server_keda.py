@@ -308,17 +308,27 @@ async def test_c12_concurrent_calls_served_from_memory(channel: grpc.aio.Channel
         keda = KedaEmulator(channel, "llm", "serving", meta(*(r.url for r in fleet)))
         await keda.poll()
         req = pb.GetMetricsRequest(scaledObjectRef=keda.ref, metricName="llm_composite")
-        times: list[float] = []
+        health = health_pb2_grpc.HealthStub(channel)
 
-        async def caller() -> None:
-            for _ in range(20):
-                start = time.perf_counter()
-                await keda.stub.GetMetrics(req)
-                times.append(time.perf_counter() - start)
+        async def p99(call: Callable[[], Awaitable[object]]) -> float:
+            times: list[float] = []
 
-        await asyncio.gather(*(caller() for _ in range(50)))
-        times.sort()
-        assert times[int(len(times) * 0.99)] < 0.1
+            async def caller() -> None:
+                for _ in range(20):
+                    start = time.perf_counter()
+                    await call()
+                    times.append(time.perf_counter() - start)
+
+            await asyncio.gather(*(caller() for _ in range(50)))
+            times.sort()
+            return times[int(len(times) * 0.99)]
+
+        # The reference is a bare health Check under the same concurrency, measured in the same run (the
+        # machine is shared): GetMetrics answers from memory, so it stays within a few times that — a
+        # GetMetrics waiting on the 0.3 s replica would be 0.3 s at least.
+        bare = await p99(lambda: health.Check(health_pb2.HealthCheckRequest(service="")))
+        served = await p99(lambda: keda.stub.GetMetrics(req))
+        assert served < 5 * bare + 0.05, (served, bare)
 
 
 # -- streams --------------------------------------------------------------------------------------
