@@ -138,6 +138,7 @@ def test_replay_of_a_diurnal_day_from_the_cli(tmp_path: Path) -> None:
     assert s["peak_rate_rps"] == pytest.approx(30) and s["routing"] == "random"
     assert s["config"]["warm_nodes"] == 2 and s["config"]["node_provision_s"] == 300
     assert s["requests"] == pytest.approx(s["mean_rate_rps"] * 7200, rel=0.05)
+    assert all(v is None or v == v for v in s.values() if isinstance(v, float))  # no NaN/Infinity in JSON
     assert "simulated h" in out.stderr and "max RSS" in out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -149,9 +150,16 @@ def test_replay_of_a_diurnal_day_from_the_cli(tmp_path: Path) -> None:
     (["--rate-scale", "0"], "--rate-scale"),
     (["--hours", "3:1"], "--hours"),
     (["--warm-nodes", "-1"], "--warm-nodes"),
+    (["--min-replicas", "0"], "scale from zero"),
+    (["--policy", "static", "--knob", "2.5"], "whole number"),
+    (["--hours", "0:3"], "goes beyond it"),
+    (["--cold-start", "nan"], "--cold-start"),
+    (["--rate-curve", str(Path(__file__).parent / "fixtures" / "servegen_client.csv"), "--curve-model", "m"],
+     "drop --curve-model"),
     (["--sweep", "--policies", "composite,bogus"], "bogus"),
 ])
 def test_replay_refuses_bad_workload_options(argv: list[str], message: str, tmp_path: Path) -> None:
+    """Every bad option is one clear line and exit 2, never a traceback or a silent run."""
     out = subprocess.run([EXE, "replay", "--trace", "conv", *argv, "--out-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr

@@ -58,12 +58,24 @@ def lognormal_params(mean: float, p90: float) -> tuple[float, float]:
 
 
 @dataclass
+class Node:
+    """A GPU node of the pool: there from ``ready_at``; a warm one never goes away, another is removed
+    ``node_idle_s`` after it last held a pod."""
+
+    ready_at: float
+    warm: bool = False
+    idle_since: float | None = None  # None while a pod holds it
+
+
+@dataclass
 class Pod:
     name: str
     replica: SimReplica
     created: float
     ready_at: float
     node_at: float  # when its node is there (created, unless it waits for a new node)
+    cold_s: float = 0.0  # its cold start once on a node
+    node: Node | None = None
     state: str = STARTING
     drain_deadline: float = math.inf
     gone_at: float | None = None
@@ -103,8 +115,7 @@ class Fleet:
                                  if self.cold_start_mean_s > 0 else (0.0, 0.0))
         self._live: list[Pod] = []
         self._ready: list[Pod] = []
-        self._nodes_free: list[tuple[float, float]] = []  # idle provisioned nodes: (expiry, there at), a heap
-        self._nodes_used = 0
+        self._nodes: list[Node] = [Node(0.0, warm=True, idle_since=0.0) for _ in range(self.warm_nodes or 0)]
 
     # -- views -----------------------------------------------------------------------------------
     def live(self) -> list[Pod]:
@@ -128,26 +139,39 @@ class Fleet:
         return sum(1 for p in self._live if p.state in (STARTING, READY))
 
     # -- nodes -----------------------------------------------------------------------------------
-    def _node_for(self, now: float) -> float:
-        """When a node is there for a new pod created now."""
+    def _take_node(self, now: float) -> Node | None:
+        """A node for a new pod: an idle one (ready first), else one on its way, else a new one."""
         if self.warm_nodes is None:
-            return now
-        while self._nodes_free and self._nodes_free[0][0] < now:
-            heapq.heappop(self._nodes_free)  # the cluster autoscaler removed it
-        self._nodes_used += 1
-        if self._nodes_used <= self.warm_nodes:
-            return now
-        if self._nodes_free:
-            _, there_at = heapq.heappop(self._nodes_free)
-            return max(now, there_at)
-        return now + self.node_provision_s
+            return None
+        self._nodes = [n for n in self._nodes if n.warm or n.idle_since is None
+                       or n.idle_since + self.node_idle_s >= now]  # the cluster autoscaler removed the rest
+        idle = [n for n in self._nodes if n.idle_since is not None]
+        if idle:
+            node = min(idle, key=lambda n: (n.ready_at > now, n.ready_at))
+        else:
+            node = Node(now + self.node_provision_s)
+            self._nodes.append(node)
+        node.idle_since = None
+        return node
 
-    def _release_node(self, now: float, node_at: float) -> None:
-        if self.warm_nodes is None:
+    def _release_node(self, pod: Pod, now: float) -> None:
+        node = pod.node
+        if node is None:
             return
-        if self._nodes_used > self.warm_nodes:  # a node still on its way stays on its way
-            heapq.heappush(self._nodes_free, (max(now, node_at) + self.node_idle_s, node_at))
-        self._nodes_used -= 1
+        pod.node = None
+        # a pod still waiting for a slower node takes this one (the scheduler binds it here)
+        waiting = [p for p in self._live if p.provisioning(now) and p.node is not None
+                   and p.node.ready_at > max(now, node.ready_at)]
+        if waiting:
+            taker = min(waiting, key=lambda p: p.created)
+            slower = taker.node
+            assert slower is not None  # filtered above
+            taker.node = node
+            taker.node_at = max(now, node.ready_at)
+            taker.ready_at = taker.node_at + taker.cold_s
+            taker.replica.clock = taker.ready_at
+            node = slower
+        node.idle_since = max(now, node.ready_at)
 
     # -- control ---------------------------------------------------------------------------------
     def _cold_start(self) -> float:
@@ -158,14 +182,16 @@ class Fleet:
     def add(self, now: float, *, ready: bool = False) -> Pod:
         """A new pod; ``ready`` skips node and cold start (initial fleets, the oracle)."""
         self._count += 1
-        node_at = now if ready else self._node_for(now)
-        if ready and self.warm_nodes is not None:
-            self._nodes_used += 1
+        node = self._take_node(now)
+        if ready and node is not None:
+            node.ready_at = min(node.ready_at, now)  # the initial fleet runs on nodes that are there
+        node_at = now if node is None else max(now, node.ready_at)
         delay = 0.0 if ready else self._cold_start()
         ready_at = node_at + delay
         pod = Pod(f"pod-{self._count}", SimReplica(self.profile, name=f"pod-{self._count}",
                                                   max_queue=self.max_queue, start=ready_at),
-                  created=now, ready_at=ready_at, node_at=node_at, state=READY if ready else STARTING)
+                  created=now, ready_at=ready_at, node_at=node_at, cold_s=delay, node=node,
+                  state=READY if ready else STARTING)
         self.pods.append(pod)
         self._live.append(pod)
         if ready:
@@ -198,7 +224,7 @@ class Fleet:
         pod.state = GONE
         pod.gone_at = now
         self._live.remove(pod)
-        self._release_node(now, pod.node_at)
+        self._release_node(pod, now)
 
     def take_backlog(self) -> list[Request]:
         """What the router still holds (no pod was ever ready for it)."""

@@ -3,12 +3,13 @@
 The oracle knows every arrival in advance and gets replicas the instant it asks (no cold start, no
 node). For each window (60 s) it picks the fewest replicas that keep a fluid model of the fleet within
 the SLO for every second of the window: a pooled queue fed by the trace's arrivals per second, served
-at ``n x capacity`` (capacity = the single-replica rate at the SLO, from ``capacity_at_slo``, times
-the oracle's headroom knob); an arrival's queueing delay is the backlog over the service rate, and it
-must stay below half the SLO (the other half is the replica's own TTFT at that load). The backlog
-carries over from window to window, so a burst can be absorbed by capacity already there instead of
-being met with more replicas — which a static fleet gets for free and a busiest-10-seconds rule
-would never allow. Cheap: one pass over the arrivals and a few hundred operations per window.
+at ``n x capacity x utilisation`` (capacity = the single-replica rate at the SLO, from
+``capacity_at_slo``; utilisation = the oracle's knob, the share of it each replica is planned at); an
+arrival's queueing delay is the backlog over the service rate, and it must stay below half the SLO
+(the other half is the replica's own TTFT at that load). The backlog carries over from window to
+window, so a burst can be absorbed by capacity already there instead of being met with more replicas
+— which a static fleet gets for free and a busiest-10-seconds rule would never allow. Cheap: one pass
+over the arrivals and a few hundred operations per window.
 """
 
 from __future__ import annotations

@@ -24,6 +24,13 @@ from scaler.sim.workload import BUNDLED_CURVE, CurveWorkload, TraceWorkload, Wor
 __all__ = ["add_replay_arguments", "replay_main"]
 
 
+def _hours(raw: str) -> tuple[float, float]:
+    try:
+        return parse_hours(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _trace_path(raw: str) -> Path:
     return TRACES.get(raw, Path(raw))
 
@@ -41,7 +48,7 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
                         "ServeGen client file; 'servegen' = the bundled aggregate. Non-homogeneous Poisson "
                         "arrivals, the --trace token mix, deterministic per --seed")
     w.add_argument("--curve-model", default=None, help="with --rate-curve: the model column to use (e.g. m-small)")
-    w.add_argument("--hours", type=parse_hours, default=None, metavar="A:B",
+    w.add_argument("--hours", type=_hours, default=None, metavar="A:B",
                    help="replay hours A to B (from the start of the curve or trace), e.g. 2:14")
     w.add_argument("--peak-rate", type=float, default=None, metavar="RPS",
                    help="with --rate-curve: rescale the curve so its busiest window is RPS req/s (before "
@@ -102,8 +109,19 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--node-provision-s must be >= 0")
     if not (args.slo_ttft > 0 and math.isfinite(args.slo_ttft)):
         raise ValueError("--slo-ttft must be > 0")
-    if args.min_replicas < 0 or args.max_replicas < max(1, args.min_replicas):
-        raise ValueError("need 0 <= --min-replicas <= --max-replicas, --max-replicas >= 1")
+    if args.min_replicas < 1:
+        raise ValueError("--min-replicas must be >= 1: the simulator has no KEDA activation path (scale from "
+                         "zero), so a fleet at zero would stay there")
+    if args.max_replicas < args.min_replicas:
+        raise ValueError("--max-replicas must be >= --min-replicas")
+    if args.cold_start is not None and not (args.cold_start >= 0 and math.isfinite(args.cold_start)):
+        raise ValueError("--cold-start must be a finite number of seconds >= 0")
+    if not (args.grace >= 0 and math.isfinite(args.grace)):
+        raise ValueError("--grace must be a finite number of seconds >= 0")
+    if args.max_queue is not None and args.max_queue < 1:
+        raise ValueError("--max-queue must be >= 1 (omit it for no admission limit)")
+    if args.policy == "static" and args.knob is not None and args.knob != int(args.knob):
+        raise ValueError("static: --knob is a whole number of replicas")
 
 
 def _config(args: argparse.Namespace, policy: str, knob: float | None) -> RunConfig:
@@ -149,8 +167,21 @@ def _progress(label: str, quiet: bool, detailed: bool = False, duration_s: float
     return show
 
 
+def _finite(value: Any) -> Any:
+    """JSON has no Infinity: a quantile that fell among requests never answered is null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _public(summary: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    return {"trace": args.trace.name, "rate_scale": args.rate_scale, **summary}
+    hours = {"hours": list(args.hours)} if args.hours is not None and args.rate_curve is None else {}
+    public: dict[str, Any] = _finite({"trace": args.trace.name, "rate_scale": args.rate_scale, **hours, **summary})
+    return public
 
 
 def _one(args: argparse.Namespace) -> int:
@@ -207,7 +238,8 @@ def _table(results: list[dict[str, Any]], target: float) -> str:
         if not runs:
             continue
         meeting = [r for r in runs if r["slo_attainment"] >= target]
-        best = min(meeting, key=lambda r: r["gpu_hours"]) if meeting else max(runs, key=lambda r: r["slo_attainment"])
+        best = (min(meeting, key=lambda r: (r["gpu_hours"], r["knob_value"])) if meeting
+                else max(runs, key=lambda r: (r["slo_attainment"], -r["gpu_hours"])))
         mark = "" if meeting else " (misses the target)"
         lines.append(f"| {policy} | {best['knob']}={best['knob_value']:g}{mark} | "
                      f"{_fmt(best['slo_attainment'], True)} | {best['gpu_hours']:.1f} |")
@@ -225,7 +257,10 @@ def _table(results: list[dict[str, Any]], target: float) -> str:
 def oracle_violations(results: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(oracle point, run) pairs where the run reaches the oracle's attainment with fewer GPU-hours."""
     oracles = [r for r in results if r["policy"] == "oracle"]
-    return [(o, r) for o in oracles for r in results if r["policy"] != "oracle"
+    # the bound is the oracle's own front: a knob value another oracle point beats says nothing
+    front = [o for o in oracles if not any(p["slo_attainment"] >= o["slo_attainment"]
+                                           and p["gpu_hours"] < o["gpu_hours"] for p in oracles)]
+    return [(o, r) for o in front for r in results if r["policy"] != "oracle"
             and r["slo_attainment"] >= o["slo_attainment"] and r["gpu_hours"] < o["gpu_hours"]]
 
 
@@ -252,6 +287,7 @@ def _sweep(args: argparse.Namespace) -> int:
                 print(f"sweep {n}/{len(jobs)} ({time.perf_counter() - start:.0f}s): {r['policy']} "
                       f"{r['knob']}={r['knob_value']:g} -> {r['slo_attainment']:.1%}, {r['gpu_hours']:.1f} GPU-h",
                       file=sys.stderr, flush=True)
+    results.sort(key=lambda r: (list(POLICIES).index(r["policy"]), r["knob_value"]))  # the same file every run
     title = describe_setup(args, workload)
     (args.out_dir / "sweep.json").write_text(json.dumps(
         [_public(r, args) for r in results], indent=1, sort_keys=True) + "\n")

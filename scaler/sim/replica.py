@@ -102,6 +102,7 @@ class SimReplica:
         self.steps = 0
         self.preemptions_total = 0
         self.rejects_total = 0
+        self.too_long_total = 0  # refused: prompt + output larger than the KV pool (HTTP 400)
         self.finished_total = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -159,7 +160,14 @@ class SimReplica:
     def _arrive(self) -> None:
         while self._pending and self._pending[0].arrival <= self.clock:
             r = self._pending.popleft()
-            if self.max_queue is not None and len(self.waiting) >= self.max_queue:
+            if r.prompt + r.output > self.profile.kv_tokens:
+                # longer than the whole KV pool: vLLM answers 400 (beyond max_model_len); it would
+                # otherwise block the queue forever
+                r.state = REJECTED
+                r.finished_at = r.arrival
+                self.too_long_total += 1
+                self.finished.append(r)
+            elif self.max_queue is not None and len(self.waiting) >= self.max_queue:
                 r.state = REJECTED
                 r.finished_at = r.arrival
                 self.rejects_total += 1

@@ -121,6 +121,9 @@ def idle_ttfts(profile: Profile, mix: Iterable[tuple[int, int]]) -> list[float]:
     """Each request's TTFT alone on an idle replica: the floor no scaling can improve."""
     out = []
     for p, o in mix:
+        if p + o > profile.kv_tokens:
+            out.append(math.inf)  # vLLM refuses it (longer than the model's context fits)
+            continue
         rep = SimReplica(profile)
         req = Request(0, 0.0, p, o)
         rep.submit([req])
@@ -230,7 +233,8 @@ class _Accumulator:
                     window.merge(self.by_bin[b])
             point["ttft_p95_s"] = window.quantile(0.95)
             self._waiting_points.popleft()
-            keep_from = self._window(self._waiting_points[0]).start if self._waiting_points else bins.stop
+            # the next point's minute starts one bin later than this one's
+            keep_from = self._window(self._waiting_points[0]).start if self._waiting_points else bins.start + 1
             for b in [b for b in self.by_bin if b < keep_from]:
                 del self.by_bin[b]
                 self.arrived.pop(b, None)
@@ -281,7 +285,7 @@ def simulate(workload: Workload | Sequence[TraceRequest], cfg: RunConfig,
     if cfg.policy != "kaito":
         policy.behavior = BEHAVIORS[cfg.hpa_behavior]
     hpa = Hpa(cfg.min_replicas, cfg.max_replicas, policy.behavior)
-    initial = policy.fixed_replicas(0.0) or cfg.initial_replicas
+    initial = policy.fixed_replicas(0.0) or cfg.initial_replicas  # bounded below
     if initial is None:  # every policy starts from the same steady state
         first = sum(1 for r in _take_until(workload.requests(), 300.0))
         initial = math.ceil(first / min(300.0, end or 1.0) / cap)
@@ -325,7 +329,7 @@ def simulate(workload: Workload | Sequence[TraceRequest], cfg: RunConfig,
         desired = fleet.spec_replicas
         fixed = policy.fixed_replicas(t)
         if fixed is not None:
-            desired = fixed
+            desired = max(cfg.min_replicas, min(cfg.max_replicas, fixed))
         elif t + 1e-9 >= next_sync:
             next_sync += cfg.hpa_sync_s
             desired = hpa.decide(t, fleet.spec_replicas, fleet.count(READY), policy.reading())

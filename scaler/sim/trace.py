@@ -10,10 +10,11 @@ rate grows with X exactly like the mean, and bursts stay bursts. Token mixes are
 from __future__ import annotations
 
 import csv
+import itertools
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Final, TextIO
 
@@ -39,11 +40,16 @@ class TraceRequest:
 
 
 def _parse_time(raw: str) -> datetime:
-    raw = raw.strip().replace("+00:00", "").replace("T", " ")
+    raw = raw.strip().replace("T", " ")
+    if raw.endswith("Z"):
+        raw = raw[:-1] + "+00:00"
     if "." in raw:  # the 2023 files carry 7 fractional digits; datetime takes 6
         head, frac = raw.split(".", 1)
-        raw = f"{head}.{frac[:6]}"
-    return datetime.fromisoformat(raw)
+        digits = "".join(itertools.takewhile(str.isdigit, frac))
+        raw = f"{head}.{digits[:6].ljust(6, '0')}{frac[len(digits):]}"
+    ts = datetime.fromisoformat(raw)
+    # mixed offsets in one file (the 2024 week-long traces): compare them in UTC
+    return ts.astimezone(UTC).replace(tzinfo=None) if ts.tzinfo is not None else ts
 
 
 def load_trace(path: Path) -> list[TraceRequest]:
@@ -58,7 +64,10 @@ def load_trace(path: Path) -> list[TraceRequest]:
             if not row:
                 continue
             try:
-                rows.append((_parse_time(row[0]), int(row[1]), int(row[2])))
+                prompt, output = int(row[1]), int(row[2])
+                if prompt < 0 or output < 0:
+                    raise ValueError("token counts must be >= 0")
+                rows.append((_parse_time(row[0]), prompt, output))
             except (ValueError, IndexError) as exc:
                 raise ValueError(f"{path}:{lineno}: {exc}") from None
     if not rows:

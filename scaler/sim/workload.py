@@ -4,9 +4,12 @@ A ``Workload`` yields requests in arrival order as often as asked (the oracle lo
 extra pass) and offers a sample of its token mix (for single-replica capacity measurements).
 
 ``CurveWorkload`` is a diurnal day: arrivals are a non-homogeneous Poisson process whose rate is the
-curve's 10-minute rates interpolated linearly between window midpoints (so the mean of each window
-is kept and there are no artificial steps at window edges), generated exactly by thinning within
-each linear segment; every request draws its (prompt, output) pair from a trace's token mix.
+curve's 10-minute rates interpolated linearly between window midpoints (no artificial steps at
+window edges; the day's total is kept, a single window's mean only approximately: a lone peak
+window is shaved by up to a quarter of its excess over its neighbours), generated exactly by
+thinning within each linear segment; every request draws its (prompt, output) pair from a trace's
+token mix. ServeGen's per-window burstiness (``cv``, arrival distribution) is not reproduced: the
+arrivals are Poisson around the curve.
 Everything is deterministic per seed. Curves come in ServeGen's formats: the aggregate
 ``category,model,window_start_s,total_rate_rps,...`` (pick a model) or one client's raw file
 ``window_start_s,rate_rps,cv,dist,p1,p2`` (no header).
@@ -68,14 +71,20 @@ class TraceWorkload(Workload):
     def from_file(cls, path: Path, rate_scale: float = 1.0, seed: int = 0,
                   hours: tuple[float, float] | None = None) -> TraceWorkload:
         trace = load_trace(path)
+        name = path.name
         if hours is not None:
             a, b = hours[0] * 3600.0, hours[1] * 3600.0
+            span = trace[-1].t
+            if b > span + 60.0:  # a minute of slack: the last arrival is not the end of the hour
+                raise ValueError(f"{path}: the trace covers {span / 3600:.2f} h; --hours {hours[0]:g}:{hours[1]:g} "
+                                 "goes beyond it")
             trace = [TraceRequest(r.t - a, r.prompt, r.output) for r in trace if a <= r.t < b]
             if not trace:
                 raise ValueError(f"{path}: no requests in hours {hours[0]:g}:{hours[1]:g}")
+            name += f" h{hours[0]:g}-{hours[1]:g}"
         if rate_scale != 1.0:
             trace = scale_rate(trace, rate_scale, seed)
-        return cls(path.name, trace, rate_scale)
+        return cls(name, trace, rate_scale)
 
     def requests(self) -> Iterator[TraceRequest]:
         return iter(self.trace)
@@ -123,6 +132,8 @@ def load_curve(path: Path, model: str | None = None) -> tuple[list[float], float
             raise ValueError(f"{path}: no model {model!r} (there are: {', '.join(models)})")
         data = [(r[i_start], r[i_rate], n) for n, r in enumerate(rows[1:], start=2) if r[i_model] == model]
     else:  # a ServeGen client file: window_start_s, rate_rps, cv, dist, p1, p2
+        if model is not None:
+            raise ValueError(f"{path} is a single-client rate file (no model column): drop --curve-model")
         data = [(r[0], r[1] if len(r) > 1 else "", n) for n, r in enumerate(rows, start=1)]
     for start, rate, lineno in data:
         try:
@@ -176,8 +187,8 @@ class CurveWorkload(Workload):
         factor = rate_scale * (peak_rate / max(rates) if peak_rate is not None else 1.0)
         trace = load_trace(mix_trace)
         label = f"{curve.name}:{model}" if model else curve.name
-        if hours is not None:
-            label += f" h{hours[0]:g}-{hours[1]:g}"
+        if hours is not None:  # whole windows: say which
+            label += f" h{first * window / 3600:g}-{min(last, first + len(rates)) * window / 3600:g}"
         return cls(label, [r * factor for r in rates], window, [(r.prompt, r.output) for r in trace], seed,
                    {"curve": curve.name, "curve_model": model, "hours": list(hours) if hours else None,
                     "token_mix": mix_trace.name, "curve_factor": factor})
