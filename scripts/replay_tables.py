@@ -14,9 +14,9 @@ ORDER = ["composite", "queue", "kv", "gpu-util", "cpu", "kaito", "static", "orac
 def cell(runs: list[dict], target: float) -> str:
     meeting = [r for r in runs if r["slo_attainment"] >= target]
     if meeting:
-        r = min(meeting, key=lambda r: r["gpu_hours"])
+        r = min(meeting, key=lambda r: (r["gpu_hours"], r["knob_value"]))
         return f"{r['knob_value']:g} → {100 * r['slo_attainment']:.1f} %, **{r['gpu_hours']:.1f}**"
-    r = max(runs, key=lambda r: r["slo_attainment"])
+    r = max(runs, key=lambda r: (r["slo_attainment"], -r["gpu_hours"]))
     return f"never: best {100 * r['slo_attainment']:.1f} % ({r['knob_value']:g}, {r['gpu_hours']:.1f})"
 
 

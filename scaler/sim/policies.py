@@ -217,7 +217,7 @@ POLICIES: Final[dict[str, tuple[str, float, tuple[float, ...]]]] = {
     "cpu": ("target", 0.7, (0.1, 0.15, 0.3, 0.5, 0.7)),
     "kaito": ("up", 0.8, (0.1, 0.2, 0.3, 0.5, 0.8)),
     "static": ("replicas", 8.0, (5.0, 6.0, 7.0, 8.0, 10.0, 12.0)),
-    "oracle": ("utilisation", 1.0, (0.8, 0.9, 1.0, 1.1, 1.2)),
+    "oracle": ("utilisation", 1.0, (0.7, 0.8, 0.9, 0.95, 1.0)),  # the fluid model holds up to 1
 }
 
 
