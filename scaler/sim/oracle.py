@@ -23,6 +23,7 @@ from scaler.sim.trace import TraceRequest
 __all__ = ["QUEUE_SHARE_OF_SLO", "oracle_schedule"]
 
 QUEUE_SHARE_OF_SLO: Final = 0.5
+HOLD_WINDOWS: Final = 3
 
 
 def _fits(arrivals: list[int], backlog: float, service: float, budget: float) -> tuple[bool, float]:
@@ -54,4 +55,6 @@ def oracle_schedule(requests: Iterable[TraceRequest], end_s: float, capacity_rps
                 schedule.append(n)
                 backlog = after
                 break
-    return schedule
+    # A clairvoyant fleet does not churn: a replica removed now and wanted again within HOLD_WINDOWS is
+    # kept (each new replica is an empty pod that least-loaded routing floods until it catches up).
+    return [max(schedule[w:w + HOLD_WINDOWS + 1]) for w in range(len(schedule))]
