@@ -263,11 +263,8 @@ class Fleet:
     def route(self, requests: Sequence[Request]) -> None:
         """Hand arrivals to ready pods; held by the router while none is ready."""
         self._backlog.extend(requests)
-        if not self._ready or not self._backlog:
-            return
-        held = list(self._backlog)
-        self._backlog.clear()
-        self._assign(held)
+        if self._ready and self._backlog:
+            self._assign(self.take_backlog())
 
     # -- time ------------------------------------------------------------------------------------
     def step(self, t: float, dt: float, arrivals: Sequence[Request]) -> None:

@@ -188,10 +188,6 @@ def capacity_at_slo(profile: Profile, mix: Sequence[tuple[int, int]] | Sequence[
     return _capacity_cached(profile.name, pairs, slo_ttft_s, duration_s, seed)
 
 
-def _mix(workload: Workload, seed: int) -> tuple[tuple[int, int], ...]:
-    return tuple(workload.token_mix(4000, seed))
-
-
 class _Accumulator:
     """What a finished request leaves behind: counts, TTFT histograms (whole run, per 10 s of arrival)."""
 
@@ -272,7 +268,7 @@ def simulate(workload: Workload | Sequence[TraceRequest], cfg: RunConfig,
     cold_mean = profile.cold_start_mean_s if cfg.cold_start_s is None else cfg.cold_start_s
     cold_p90 = cold_mean * profile.cold_start_p90_s / profile.cold_start_mean_s
     oracle = isinstance(policy, OraclePolicy)
-    mix = _mix(workload, cfg.seed)
+    mix = tuple(workload.token_mix(4000, cfg.seed))
     cap = capacity_at_slo(profile, mix, cfg.slo_ttft_s, seed=cfg.seed)
     if isinstance(policy, OraclePolicy):
         cold_mean = cold_p90 = 0.0  # the bound: replicas are there the moment they are wanted
@@ -285,7 +281,7 @@ def simulate(workload: Workload | Sequence[TraceRequest], cfg: RunConfig,
     if cfg.policy != "kaito":
         policy.behavior = BEHAVIORS[cfg.hpa_behavior]
     hpa = Hpa(cfg.min_replicas, cfg.max_replicas, policy.behavior)
-    initial = policy.fixed_replicas(0.0) or cfg.initial_replicas  # bounded below
+    initial = policy.fixed_replicas(0.0) or cfg.initial_replicas
     if initial is None:  # every policy starts from the same steady state
         first = sum(1 for r in _take_until(workload.requests(), 300.0))
         initial = math.ceil(first / min(300.0, end or 1.0) / cap)
