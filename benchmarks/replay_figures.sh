@@ -9,7 +9,7 @@ out=docs/replay
 common=(--profile 70b-h100x4 --slo-ttft 2 --routing least-loaded --workers "${WORKERS:-2}")
 day=(--trace conv --rate-curve servegen --curve-model m-small --hours 17:29 --peak-rate 140)
 
-only="${1:-all}"
+only="${1:-all}"  # all | conv | bursty | day | plots | dayscale | oracle (re-run only its points)
 run() { [[ "$only" == all || "$only" == "$1" ]]; }
 
 if run conv; then
@@ -22,6 +22,18 @@ if run bursty; then
 fi
 if run day; then
   keda-llm-scaler replay "${day[@]}" --hpa-behavior llm --sweep --out-dir "$out/day-llm" "${common[@]}"
+fi
+if [[ "$only" == oracle ]]; then
+  # Only the oracle's points, merged into the sweeps above (the other policies are deterministic).
+  tmp=$(mktemp -d)
+  for spec in "conv-llm conv 12 llm" "conv-default conv 12 default" "bursty-llm bursty 4 llm" "bursty-default bursty 4 default"; do
+    read -r name trace scale behavior <<<"$spec"
+    keda-llm-scaler replay --trace "$trace" --rate-scale "$scale" --hpa-behavior "$behavior" --sweep --policies oracle \
+      --out-dir "$tmp/$name" --quiet "${common[@]}"
+    python scripts/merge_sweep.py "$out/$name" "$tmp/$name"
+  done
+  keda-llm-scaler replay "${day[@]}" --hpa-behavior llm --sweep --policies oracle --out-dir "$tmp/day-llm" --quiet "${common[@]}"
+  python scripts/merge_sweep.py "$out/day-llm" "$tmp/day-llm"
 fi
 if run plots; then
   keda-llm-scaler replay --trace conv --rate-scale 12 --hpa-behavior llm --policy composite --plot "$out/conv-composite-default.png" --quiet "${common[@]:0:6}"

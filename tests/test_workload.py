@@ -245,3 +245,22 @@ def test_the_oracle_check_uses_the_oracles_own_front() -> None:
     assert oracle_violations(runs) == []  # 0.8 is beaten by the oracle itself
     runs.append({"policy": "static", "knob_value": 6, "slo_attainment": 1.0, "gpu_hours": 2.5})
     assert [(o["knob_value"], r["knob_value"]) for o, r in oracle_violations(runs)] == [(0.9, 6)]
+
+
+def test_the_oracle_adds_replicas_in_the_calmest_seconds_before_they_are_needed() -> None:
+    """A new replica is flooded by least-loaded routing: the oracle brings it in during the quietest
+    10 seconds of the minute before the one that needs it, not on the minute boundary (where a burst may
+    land on it), and removes replicas on the boundary once no later window within the hold wants them."""
+    from scaler.sim.oracle import HOLD_WINDOWS, oracle_schedule
+
+    busy = 2 + HOLD_WINDOWS  # the minute at 40 req/s; the hold brings its fleet in HOLD_WINDOWS earlier
+    reqs = [TraceRequest(t + 0.5, 100, 10) for t in range(60 * busy) if not 80 <= t < 90]  # 1 req/s
+    reqs += [TraceRequest(60.0 * busy + i / 40, 100, 10) for i in range(40 * 60)]
+    reqs += [TraceRequest(60.0 * (busy + 1) + t + 0.5, 100, 10) for t in range(60 * (HOLD_WINDOWS + 2))]
+    end = reqs[-1].t + 1
+    steps = oracle_schedule(reqs, end, capacity_rps=10.0, slo_ttft_s=2.0)
+    assert steps[0] == (0.0, 1) and steps == sorted(steps)
+    up = [(t, n) for (t, n), (_, before) in zip(steps[1:], steps, strict=False) if n > before]
+    assert up == [(80.0, 4)]  # the silent 10 s inside minute 1, before minute 2 must hold the busy fleet
+    down = [(t, n) for (t, n), (_, before) in zip(steps[1:], steps, strict=False) if n < before]
+    assert down and all(t % 60 == 0 for t, _ in down) and down[0][0] == 60.0 * (busy + 1)

@@ -24,6 +24,7 @@ __all__ = ["QUEUE_SHARE_OF_SLO", "oracle_schedule"]
 
 QUEUE_SHARE_OF_SLO: Final = 0.5
 HOLD_WINDOWS: Final = 3
+CALM_S: Final = 10
 
 
 def _fits(arrivals: list[int], backlog: float, service: float, budget: float) -> tuple[bool, float]:
@@ -35,8 +36,9 @@ def _fits(arrivals: list[int], backlog: float, service: float, budget: float) ->
 
 
 def oracle_schedule(requests: Iterable[TraceRequest], end_s: float, capacity_rps: float, slo_ttft_s: float, *,
-                    window_s: float = 60.0, min_replicas: int = 1, max_replicas: int = 64) -> list[int]:
-    """Replicas per window of ``window_s`` seconds, from the first window to the one holding ``end_s``."""
+                    window_s: float = 60.0, min_replicas: int = 1, max_replicas: int = 64
+                    ) -> list[tuple[float, int]]:
+    """The fleet size over time as steps ``(from_s, replicas)``, sorted, the first at 0."""
     if capacity_rps <= 0:
         raise ValueError("oracle: capacity must be > 0")
     seconds = [0] * (int(end_s) + 1)
@@ -57,4 +59,17 @@ def oracle_schedule(requests: Iterable[TraceRequest], end_s: float, capacity_rps
                 break
     # A clairvoyant fleet does not churn: a replica removed now and wanted again within HOLD_WINDOWS is
     # kept (each new replica is an empty pod that least-loaded routing floods until it catches up).
-    return [max(schedule[w:w + HOLD_WINDOWS + 1]) for w in range(len(schedule))]
+    held = [max(schedule[w:w + HOLD_WINDOWS + 1]) for w in range(len(schedule))]
+    # A new replica is an empty pod, and least-loaded routing sends it everything until it holds as much
+    # as the others: landing on a burst, that flood misses the SLO. Knowing the arrivals, the oracle adds
+    # replicas during the previous window's calmest CALM_S seconds (the smaller fleet already fit there).
+    steps: list[tuple[float, int]] = [(0.0, held[0])]
+    for w in range(1, len(held)):
+        start = w * per_window
+        if held[w] > held[w - 1]:
+            calm = min(range(start - per_window, start + 1),
+                       key=lambda s: (sum(seconds[s:s + CALM_S]), -s))
+            steps.append((float(calm), held[w]))
+        elif held[w] < held[w - 1]:
+            steps.append((float(start), held[w]))
+    return sorted(steps)

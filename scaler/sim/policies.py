@@ -7,6 +7,7 @@ reading at every sync. ``composite`` runs the scaler's own scoring code (``scale
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Final
@@ -190,7 +191,7 @@ class OraclePolicy(Policy):
     replicas a fluid model of the fleet says keep it within the SLO (``scaler.sim.oracle``; the runner
     fills ``schedule`` from the workload and a single-replica capacity measurement)."""
 
-    schedule: list[int] = field(default_factory=list)
+    schedule: list[tuple[float, int]] = field(default_factory=list)  # (from_s, replicas), sorted
     window_s: float = 60.0
 
     def sample(self, now: float, fleet: Fleet) -> None:
@@ -205,7 +206,7 @@ class OraclePolicy(Policy):
     def fixed_replicas(self, now: float) -> int | None:
         if not self.schedule:
             return None
-        return self.schedule[min(len(self.schedule) - 1, int(now // self.window_s))]
+        return self.schedule[max(0, bisect.bisect_right(self.schedule, (now, math.inf)) - 1)][1]
 
 
 # name -> (knob name, default knob, sweep values, factory)
