@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
+from scaler.demand import DemandConfig, DemandEstimate, DemandTracker, ReplicaCounters
 from scaler.errors import NoFreshData
 from scaler.policy import Composite, ReplicaInput, ScoringParams, composite
 from scaler.rates import DEFAULT_WINDOW_S, CounterWindow, HistogramWindow
@@ -137,6 +138,8 @@ def _policy_input(r: ReplicaReport) -> ReplicaInput:
         reject_rate=r.reject_rate,
         admitted_rate=r.admitted_rate,
         expired=r.state == EXPIRED,
+        kv_usage_max=s.kv_usage_max if s else None,
+        engines=tuple((e.waiting, e.running) for e in s.engines) if s and len(s.engines) > 1 else (),
     )
 
 
@@ -145,24 +148,27 @@ def _sum_known(values: Iterable[float | None]) -> float | None:
     return math.fsum(known) if known else None
 
 
-def _p95(deltas: list[Histogram]) -> float | None:
+def _quantile(q: float, deltas: list[Histogram]) -> float | None:
     merged = Histogram.merge(deltas)
-    return histogram_quantile(0.95, merged) if merged is not None else None
+    return histogram_quantile(q, merged) if merged is not None else None
 
 
 class FleetState:
     """Per-replica state of one fleet; ``update`` with each cycle's observations, then ``evaluate``."""
 
-    def __init__(self, params: ScoringParams, stale_after: float, scrape_interval: float) -> None:
+    def __init__(self, params: ScoringParams, stale_after: float, scrape_interval: float,
+                 demand: DemandConfig | None = None) -> None:
         self.params = params
         self.stale_after = stale_after
         self.window_s = max(DEFAULT_WINDOW_S, 3 * scrape_interval)
         self._replicas: dict[str, _ReplicaState] = {}
         self._urls: list[str] = []
+        self.demand = DemandTracker(scrape_interval, demand)
 
-    def update(self, now: float, observations: Iterable[Observation]) -> list[tuple[str, bool]]:
-        """Replace the fleet with these replicas' outcomes. Returns (url, failing) for replicas whose
-        failing/ok state changed (new replicas count as changed only when they fail)."""
+    def update(self, now: float, observations: Iterable[Observation], starting: int = 0) -> list[tuple[str, bool]]:
+        """Replace the fleet with these replicas' outcomes (``starting``: replicas not ready yet).
+        Returns (url, failing) for replicas whose failing/ok state changed (new replicas count as
+        changed only when they fail)."""
         obs = sorted(observations, key=lambda o: o.url)
         urls = [o.url for o in obs]
         for gone in set(self._replicas) - set(urls):
@@ -177,19 +183,26 @@ class FleetState:
             if (o.reason is not None) != was_failing:
                 changes.append((o.url, o.reason is not None))
         self._urls = urls
+        self.demand.observe(now, urls, (
+            ReplicaCounters(o.url, o.signals.admitted_total, o.signals.rejects_total, o.signals.waiting,
+                            o.signals.running, o.signals.kv_usage_max, o.signals.preemptions_total)
+            for o in obs if o.signals is not None), starting)
         return changes
 
     def evaluate(self, now: float, incoming: int = 0) -> Evaluation:
         """``incoming``: replicas starting (not ready yet), counted as capacity on the way."""
         reports = tuple(self._replicas[u].report(now, self.stale_after) for u in self._urls)
-        try:
-            comp: Composite | None = composite([_policy_input(r) for r in reports], self.params, incoming)
-            error = None
-        except NoFreshData as exc:
-            comp, error = None, f"{exc}: " + "; ".join(f"{r.url} {r.reason}" for r in reports[:5])
         live = [r for r in reports if r.state != EXPIRED and r.signals is not None]
         ttft = [d for r in live if (d := self._replicas[r.url].ttft.delta()) is not None]
         queue = [d for r in live if (d := self._replicas[r.url].queue_time.delta()) is not None]
+        p = self.params
+        demand: DemandEstimate | None = self.demand.estimate(now, p.replica_capacity, p.startup_s)
+        slo_q = _quantile(p.ttft_slo_quantile, ttft) if p.ttft_slo_s is not None else None
+        try:
+            comp: Composite | None = composite([_policy_input(r) for r in reports], p, incoming, demand, slo_q)
+            error = None
+        except NoFreshData as exc:
+            comp, error = None, f"{exc}: " + "; ".join(f"{r.url} {r.reason}" for r in reports[:5])
         return Evaluation(
             replicas=reports,
             composite=comp,
@@ -199,6 +212,6 @@ class FleetState:
             kv_usage=(math.fsum(r.signals.kv_usage for r in live if r.signals) / len(live)) if live else None,
             reject_rate=_sum_known(r.reject_rate for r in live),
             preemption_rate=_sum_known(r.preemption_rate for r in live),
-            ttft_p95_s=_p95(ttft),
-            queue_time_p95_s=_p95(queue),
+            ttft_p95_s=_quantile(0.95, ttft),
+            queue_time_p95_s=_quantile(0.95, queue),
         )

@@ -39,6 +39,8 @@ DEFAULTS: Final[dict[str, float | str]] = {
     "metricsPath": "/metrics",
     "targetKvUsage": 0.85,
     "targetQueueDepth": 5.0,
+    "targetUtilization": 0.9,
+    "ttftSloQuantile": 0.95,
     "activationThreshold": 0.0,
     "targetValue": 1.0,
     "scrapeInterval": 5.0,
@@ -48,7 +50,8 @@ DEFAULTS: Final[dict[str, float | str]] = {
 DISCOVERY_KEYS: Final = ("endpoints", "dnsName", "service")
 KNOWN_KEYS: Final = frozenset(
     {*DISCOVERY_KEYS, "port", "scheme", "engine", "model", "metricsPath", "targetKvUsage", "targetQueueDepth",
-     "activationThreshold", "targetValue", "scrapeInterval", "scrapeTimeout", "staleAfter"}
+     "activationThreshold", "targetValue", "scrapeInterval", "scrapeTimeout", "staleAfter", "targetUtilization",
+     "replicaCapacity", "startupSeconds", "ttftSloSeconds", "ttftSloQuantile"}
 )
 # Keys KEDA itself reads and forwards: never worth a hint.
 KEDA_KEYS: Final = frozenset({"scalerAddress", "enableTLS", "unsafeSsl"})
@@ -140,6 +143,13 @@ def _number(meta: Mapping[str, str], key: str, lo: float, hi: float, *, lo_open:
     if not math.isfinite(value) or value > hi or value < lo or (lo_open and value == lo):
         raise BadMetadata(key, f"{raw!r} is out of range", bounds)
     return value
+
+
+def _optional(meta: Mapping[str, str], key: str, lo: float, hi: float) -> float | None:
+    """An optional positive number: absent or empty means "learn it" (or "off")."""
+    if not meta.get(key, "").strip():
+        return None
+    return _number(meta, key, lo, hi, lo_open=True)
 
 
 def _choice(meta: Mapping[str, str], key: str, choices: tuple[str, ...]) -> str:
@@ -254,6 +264,11 @@ def parse_trigger(
         scoring=ScoringParams(
             target_kv_usage=_number(meta, "targetKvUsage", 0.0, 1.0, lo_open=True),
             target_queue_depth=_number(meta, "targetQueueDepth", 0.0, 1e6, lo_open=True),
+            target_utilization=_number(meta, "targetUtilization", 0.0, 1.0, lo_open=True),
+            replica_capacity=_optional(meta, "replicaCapacity", 0.0, 1e6),
+            startup_s=_optional(meta, "startupSeconds", 0.0, 86400.0),
+            ttft_slo_s=_optional(meta, "ttftSloSeconds", 0.0, 3600.0),
+            ttft_slo_quantile=_number(meta, "ttftSloQuantile", 0.5, 0.999),
         ),
         activation_threshold=_number(meta, "activationThreshold", 0.0, 1e9),
         target_value=_number(meta, "targetValue", 0.001, 1e9),

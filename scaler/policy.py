@@ -13,9 +13,23 @@ Per replica i (``kvT`` = targetKvUsage, ``qT`` = targetQueueDepth)::
     d_i       = load_i + queue_i + reject_i
     if the replica has work in flight (running + waiting > 0): d_i = max(d_i, 0.01)
 
-    composite = sum(d_i)                      replicas summed in a fixed (URL) order
-    if any replica is rejecting: composite = max(composite, N + sum(reject_i))
+    pressure  = sum(d_i)                      replicas summed in a fixed (URL) order
+    if any replica is rejecting: pressure = max(pressure, N + sum(reject_i))
+    rate      = need / (capacity x targetUtilization)     (``scaler.demand``; absent until a capacity
+                                              is configured or learned)
+    composite = max(pressure, rate)
+    with ttftSloSeconds: fleet TTFT quantile > SLO       -> composite >= max(N + 1, 1.25 N)
+                         fleet TTFT quantile > 0.8 x SLO -> composite >= N   (no scale-down near the SLO)
     composite is rounded to 0.001 (KEDA's and the HPA's resolution)
+
+The rate term is the demand: requests offered to the fleet (with headroom for their spread and their
+growth over one replica start-up) in replicas planned at ``targetUtilization`` of their capacity. It is
+linear in load and does not depend on how many replicas there are, so it cannot feed back on itself.
+The pressure terms are the guard for when the capacity is unknown or wrong: KV, queue and rejects.
+
+On data-parallel pods (several engines behind one endpoint) the fullest engine's KV counts, and the
+queue is each engine's waiting over its own running batch, the worst engine counting: a pod-wide mean
+hides one full engine behind idle ones.
 
 A replica counts as rejecting when rejects are at least 1 % of the requests it finished or rejected
 in the rate window (so a stray HTTP 500 does not buy a replica). The fleet floor ``N + sum(reject_i)``
@@ -35,29 +49,40 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from scaler.demand import DemandEstimate
 from scaler.errors import NoFreshData
 
 __all__ = [
     "IN_FLIGHT_FLOOR",
     "REJECT_SHARE_THRESHOLD",
+    "SLO_BREACH_FACTOR",
+    "SLO_HOLD_SHARE",
     "Composite",
     "ReplicaInput",
     "ReplicaScore",
     "ScoringParams",
     "composite",
     "score_replica",
+    "slo_floor",
     "with_incoming",
 ]
 
 IN_FLIGHT_FLOOR: Final = 0.01  # 10x KEDA's milli resolution: work in flight is never "inactive"
 REJECT_SHARE_THRESHOLD: Final = 0.01
 MAX_REJECT_TERM: Final = 1.0  # per replica and decision; the HPA doubles at most per 15 s anyway
+SLO_HOLD_SHARE: Final = 0.8  # TTFT above this share of the SLO: no scale-down
+SLO_BREACH_FACTOR: Final = 1.25  # TTFT above the SLO: at least a quarter more (and one more) replicas
 
 
 @dataclass(frozen=True, slots=True)
 class ScoringParams:
     target_kv_usage: float = 0.85
     target_queue_depth: float = 5.0
+    target_utilization: float = 0.9
+    replica_capacity: float | None = None  # requests/s one replica serves within the SLO; None: learn it
+    startup_s: float | None = None  # seconds from created to ready; None: learn it
+    ttft_slo_s: float | None = None
+    ttft_slo_quantile: float = 0.95
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +101,8 @@ class ReplicaInput:
     reject_rate: float | None = None
     admitted_rate: float | None = None
     expired: bool = False
+    kv_usage_max: float | None = None  # the fullest data-parallel engine (None: one engine)
+    engines: tuple[tuple[float, float], ...] = ()  # (waiting, running) per engine, when more than one
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +124,11 @@ class Composite:
     queue: float
     reject: float
     assumed: float  # demand added by replicas counted as at-target for lack of data
-    dominant: str  # why: reject (any replica rejecting), else the largest of load | queue | assumed; idle
+    dominant: str  # why: reject | slo | rate | load | queue | assumed | idle (see ``composite``)
+    pressure: float = 0.0  # the KV + queue + reject side, before the rate term
+    rate: float | None = None  # replicas the offered load asks for (None: no capacity yet)
+    slo_floor: float | None = None  # the TTFT guardrail's floor, when it applies
+    demand: DemandEstimate | None = None
 
     def active(self, activation_threshold: float) -> bool:
         return self.value > activation_threshold
@@ -108,10 +139,15 @@ def _nonneg(x: float | None) -> float:
 
 
 def _score_signals(r: ReplicaInput, p: ScoringParams) -> ReplicaScore:
-    load = _nonneg(r.kv_usage) / p.target_kv_usage
+    kv = max(_nonneg(r.kv_usage), _nonneg(r.kv_usage_max))
+    load = kv / p.target_kv_usage
     # A replica that runs 200 requests at once drains a queue of 20 in a step or two; one that runs 3
-    # does not. Counting the queue in units of the running batch keeps DP and large-batch pods sane.
-    queue = _nonneg(r.waiting) / max(p.target_queue_depth, _nonneg(r.running))
+    # does not. Counting the queue in units of the running batch keeps large-batch pods sane; on a
+    # data-parallel pod each engine drains its own queue with its own batch.
+    if len(r.engines) > 1:
+        queue = max(_nonneg(w) / max(p.target_queue_depth, _nonneg(n)) for w, n in r.engines)
+    else:
+        queue = _nonneg(r.waiting) / max(p.target_queue_depth, _nonneg(r.running))
     rejects, admitted = _nonneg(r.reject_rate), _nonneg(r.admitted_rate)
     rejecting = rejects > 0 and rejects >= REJECT_SHARE_THRESHOLD * (rejects + admitted)
     reject = 0.0
@@ -144,10 +180,24 @@ def with_incoming(excess: float, incoming: int) -> float:
     return max(excess - incoming, float(incoming))
 
 
-def composite(replicas: Sequence[ReplicaInput], p: ScoringParams, incoming: int = 0) -> Composite:
+def slo_floor(ttft_quantile_s: float | None, replicas: int, p: ScoringParams) -> float | None:
+    """The TTFT guardrail: more replicas when the fleet breaches the SLO, none fewer when it is near."""
+    if p.ttft_slo_s is None or ttft_quantile_s is None or replicas <= 0:
+        return None
+    if ttft_quantile_s > p.ttft_slo_s:
+        return max(replicas + 1.0, SLO_BREACH_FACTOR * replicas)
+    if ttft_quantile_s > SLO_HOLD_SHARE * p.ttft_slo_s:
+        return float(replicas)
+    return None
+
+
+def composite(replicas: Sequence[ReplicaInput], p: ScoringParams, incoming: int = 0,
+              demand: DemandEstimate | None = None, ttft_quantile_s: float | None = None) -> Composite:
     """Score a fleet. The caller passes replicas in a fixed order (by URL) for determinism.
 
     ``incoming``: replicas that exist but are not ready yet (not-ready EndpointSlice endpoints).
+    ``demand``: the fleet's offered load (``scaler.demand``); ``ttft_quantile_s``: the fleet's TTFT at
+    ``p.ttft_slo_quantile`` over the rate window, for the SLO guardrail.
     """
     if not replicas:
         # Nothing ready: zero, unless replicas are starting (then hold them: no data says otherwise).
@@ -171,10 +221,21 @@ def composite(replicas: Sequence[ReplicaInput], p: ScoringParams, incoming: int 
         "reject": reject,
         "assumed": assumed,
     }
+    pressure = total
+    rate = demand.replicas(p.target_utilization) if demand is not None else None
+    if rate is not None:
+        total = max(total, rate)
+    floor = slo_floor(ttft_quantile_s, len(scores), p)
+    if floor is not None:
+        total = max(total, floor)
     if total <= 0:
         dominant = "idle"
     elif any(s.rejecting for s in scores):
         dominant = "reject"  # rejects also lift load to 1: they are the reason either way
+    elif floor is not None and floor >= total and floor > max(pressure, rate or 0.0):
+        dominant = "slo"
+    elif rate is not None and rate >= pressure:
+        dominant = "rate"
     else:
         dominant = max(terms, key=lambda k: terms[k])
     return Composite(
@@ -186,4 +247,8 @@ def composite(replicas: Sequence[ReplicaInput], p: ScoringParams, incoming: int 
         reject=reject,
         assumed=assumed,
         dominant=dominant,
+        pressure=pressure,
+        rate=rate,
+        slo_floor=floor,
+        demand=demand,
     )

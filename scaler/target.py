@@ -172,7 +172,8 @@ class Target:
         ))
         now = self._clock()
         by_url = {r.url: r for r in results}
-        changes = self._fleet.update(now, (Observation(r.url, r.signals, r.reason, r.detail) for r in results))
+        changes = self._fleet.update(now, (Observation(r.url, r.signals, r.reason, r.detail) for r in results),
+                                     self._starting)
         for res in results:
             if self._observer is not None:
                 self._observer.scrape_done(cfg, res)

@@ -8,10 +8,12 @@ reading at every sync. ``composite`` runs the scaler's own scoring code (``scale
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Final
 
+from scaler.demand import DemandConfig
 from scaler.fleet import FleetState, Observation
 from scaler.policy import ScoringParams
 from scaler.sim.fleet import READY, STARTING, Fleet
@@ -70,19 +72,21 @@ class CompositePolicy(Policy):
     HPA as an AverageValue external metric with target 1."""
 
     scrape_interval_s: float = 5.0
-    queue_depth: float = 5.0
+    params: ScoringParams = field(default_factory=ScoringParams)  # the defaults; the knob sets utilization
+    demand: DemandConfig | None = None
     count_incoming: bool = True  # starting pods (not-ready endpoints) as capacity on the way
     stale_after_s: float = 15.0
 
     def __post_init__(self) -> None:
         self.interval_s = self.scrape_interval_s
-        self._state = FleetState(ScoringParams(self.knob, self.queue_depth), self.stale_after_s,
-                                 self.scrape_interval_s)
+        self.params = dataclasses.replace(self.params, target_utilization=self.knob)
+        self._state = FleetState(self.params, self.stale_after_s, self.scrape_interval_s, self.demand)
         self._composite: float | None = None
 
     def sample(self, now: float, fleet: Fleet) -> None:
-        self._state.update(now, (Observation(p.name, p.replica.signals()) for p in _ready(fleet)))
-        incoming = len(fleet.with_state(STARTING)) if self.count_incoming else 0
+        starting = len(fleet.with_state(STARTING))
+        self._state.update(now, (Observation(p.name, p.replica.signals()) for p in _ready(fleet)), starting)
+        incoming = starting if self.count_incoming else 0
         c = self._state.evaluate(now, incoming).composite
         self._composite = None if c is None else c.value
         self.value = self._composite
@@ -211,7 +215,7 @@ class OraclePolicy(Policy):
 
 # name -> (knob name, default knob, sweep values, factory)
 POLICIES: Final[dict[str, tuple[str, float, tuple[float, ...]]]] = {
-    "composite": ("targetKvUsage", 0.85, (0.1, 0.15, 0.2, 0.3, 0.5, 0.85)),
+    "composite": ("targetUtilization", 0.9, (0.6, 0.7, 0.8, 0.9, 1.0)),
     "queue": ("threshold", 5.0, (1.0, 2.0, 5.0, 10.0, 20.0)),
     "kv": ("target", 0.8, (0.1, 0.15, 0.2, 0.3, 0.5, 0.8)),
     "gpu-util": ("target", 0.8, (0.6, 0.7, 0.8, 0.9)),

@@ -1,0 +1,236 @@
+"""The load-linear demand (issue #8): each term on hand-computed inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaler.demand import DEFAULT_STARTUP_S, DemandConfig, DemandTracker, ReplicaCounters, is_saturated
+from scaler.policy import ReplicaInput, ScoringParams, composite, slo_floor
+
+
+def counters(url: str, finished: float, waiting: float = 0.0, running: float = 0.0, kv: float = 0.1,
+             rejected: float | None = 0.0, preemptions: float | None = 0.0) -> ReplicaCounters:
+    return ReplicaCounters(url, finished, rejected, waiting, running, kv, preemptions)
+
+
+def feed(tracker: DemandTracker, rates: list[float], per: int = 2, start: float = 0.0, step: float = 5.0,
+         kv: float = 0.1) -> float:
+    """Scrapes every ``step`` s of ``per`` replicas sharing each rate equally (finished only). Returns t."""
+    t = start
+    done = [0.0] * per
+    tracker.observe(t, [f"r{i}" for i in range(per)], [counters(f"r{i}", 0.0, kv=kv) for i in range(per)])
+    for rate in rates:
+        t += step
+        for i in range(per):
+            done[i] += rate * step / per
+        tracker.observe(t, [f"r{i}" for i in range(per)], [counters(f"r{i}", done[i], kv=kv) for i in range(per)])
+    return t
+
+
+def test_offered_rate_counts_finished_refused_and_in_flight() -> None:
+    """arrived = finished + rejected + running + waiting: 30 finished, 4 refused, in flight 2 -> 8 in 10 s."""
+    tr = DemandTracker(5.0)
+    tr.observe(0.0, ["a"], [counters("a", 100.0, waiting=1, running=2, rejected=10)])
+    tr.observe(5.0, ["a"], [counters("a", 115.0, waiting=0, running=5, rejected=12)])
+    tr.observe(10.0, ["a"], [counters("a", 130.0, waiting=3, running=7, rejected=14)])
+    tr.observe(20.0, ["a"], [counters("a", 150.0, waiting=3, running=7, rejected=14)])
+    est = tr.estimate(20.0)
+    assert est is not None
+    # bins: (0-10 s) 130+14+10 - (100+10+3) = 41 -> 4.1/s; (10-20 s) 20 -> 2.0/s
+    assert est.offered_rps == pytest.approx((4.1 + 2.0) / 2)
+    assert est.recent_rps == pytest.approx((4.1 + 2.0) / 2)
+
+
+def test_a_restart_counts_what_is_there_and_a_failed_scrape_starts_a_new_interval() -> None:
+    tr = DemandTracker(10.0)
+    tr.observe(0.0, ["a"], [counters("a", 1000.0)])
+    tr.observe(10.0, ["a"], [counters("a", 1050.0)])  # 5/s
+    tr.observe(20.0, ["a"], [counters("a", 30.0, running=10)])  # restarted: 40 since
+    tr.observe(30.0, ["a"], [])  # scrape failed
+    tr.observe(40.0, ["a"], [counters("a", 500.0)])  # no interval behind it: not 470 in one bin
+    tr.observe(50.0, ["a"], [counters("a", 520.0)])
+    est = tr.estimate(50.0)
+    assert est is not None
+    # bins: 5.0, 4.0, 0 (failed), 0 (first sight again), 2.0
+    assert est.offered_rps == pytest.approx((5.0 + 4.0 + 0.0 + 0.0 + 2.0) / 5)
+
+
+def test_no_estimate_before_two_bins() -> None:
+    tr = DemandTracker(5.0)
+    assert tr.estimate(0.0) is None
+    feed(tr, [10.0, 10.0])  # one 10 s bin
+    assert tr.estimate(10.0) is None
+
+
+def test_steady_load_needs_exactly_its_rate() -> None:
+    tr = DemandTracker(5.0)
+    t = feed(tr, [20.0] * 60)
+    est = tr.estimate(t, capacity_rps=10.0)
+    assert est is not None
+    assert est.offered_rps == pytest.approx(20.0) and est.spread_rps == pytest.approx(0.0, abs=1e-9)
+    assert est.growth_rps == pytest.approx(0.0, abs=1e-9) and est.need_rps == pytest.approx(20.0)
+    assert est.replicas(0.8) == pytest.approx(20.0 / (10.0 * 0.8))
+    assert est.capacity_source == "configured"
+
+
+def test_spread_buys_headroom_in_sigmas() -> None:
+    """Alternating 10 s bins of 10 and 30 req/s: mean 20, standard deviation 10, median absolute
+    deviation 10 (x 1.4826 as a robust standard deviation)."""
+    plain = DemandConfig(headroom_sigmas=2.0, growth_cap=0.0, robust_spread=False)
+    tr = DemandTracker(10.0, plain)
+    t = feed(tr, [10.0, 30.0] * 15, step=10.0)
+    est = tr.estimate(t)
+    assert est is not None
+    assert est.offered_rps == pytest.approx(20.0) and est.spread_rps == pytest.approx(10.0)
+    assert est.need_rps == pytest.approx(20.0 + 2 * 10.0)
+    tr = DemandTracker(10.0, DemandConfig(headroom_sigmas=2.0, growth_cap=0.0))
+    t = feed(tr, [10.0, 30.0] * 15, step=10.0)
+    est = tr.estimate(t)
+    assert est is not None and est.spread_rps == pytest.approx(1.4826 * 10.0)
+
+
+def test_a_rare_burst_is_not_everyday_spread() -> None:
+    """27 bins at 20 +- 2 and three at 100: the robust spread stays at the everyday noise."""
+    rates = [18.0, 20.0, 22.0] * 9 + [100.0] * 3
+    tr = DemandTracker(10.0, DemandConfig(growth_cap=0.0))
+    t = feed(tr, rates, step=10.0)
+    est = tr.estimate(t)
+    assert est is not None and est.spread_rps == pytest.approx(1.4826 * 2.0)
+    plain = DemandTracker(10.0, DemandConfig(growth_cap=0.0, robust_spread=False))
+    t = feed(plain, rates, step=10.0)
+    est = plain.estimate(t)
+    assert est is not None and est.spread_rps > 20.0
+
+
+def test_growth_is_projected_over_the_startup_and_bounded() -> None:
+    """A ramp of +0.1 req/s per second, projected over a configured 100 s start-up: +10 req/s, and never
+    more than growth_cap x offered; a falling load projects nothing."""
+    cfg = DemandConfig(headroom_sigmas=0.0, use_burst_window=False, trend_window_s=360.0)
+    tr = DemandTracker(10.0, cfg)
+    t = feed(tr, [50.0 + 1.0 * k for k in range(36)], step=10.0)
+    est = tr.estimate(t, startup_s=100.0)
+    assert est is not None and est.startup_source == "configured"
+    assert est.growth_rps == pytest.approx(0.1 * 100.0, rel=1e-6)
+    capped = tr.estimate(t, startup_s=10_000.0)
+    assert capped is not None and capped.growth_rps == pytest.approx(cfg.growth_cap * capped.offered_rps)
+    falling = DemandTracker(10.0, cfg)
+    t = feed(falling, [90.0 - 1.0 * k for k in range(36)], step=10.0)
+    est = falling.estimate(t, startup_s=100.0)
+    assert est is not None and est.growth_rps == 0.0
+
+
+def test_a_burst_is_reported_and_answered_only_when_asked() -> None:
+    """The burst window's rate is always reported; by default it does not raise the need (a burst shorter
+    than a start-up is over before the replicas it asks for are ready)."""
+    rates = [10.0] * 27 + [100.0] * 3
+    on = DemandTracker(10.0, DemandConfig(headroom_sigmas=0.0, use_burst_window=True))
+    t = feed(on, rates, step=10.0)
+    est = on.estimate(t)
+    assert est is not None and est.recent_rps == pytest.approx(100.0) and est.need_rps >= 100.0
+    off = DemandTracker(10.0, DemandConfig(headroom_sigmas=0.0, growth_cap=0.0))
+    t = feed(off, rates, step=10.0)
+    est = off.estimate(t)
+    assert est is not None and est.recent_rps == pytest.approx(100.0)
+    assert est.need_rps == pytest.approx(est.offered_rps) == pytest.approx((27 * 10 + 3 * 100) / 30)
+
+
+def test_provisional_capacity_reads_utilization_from_kv() -> None:
+    """Two replicas at KV 0.2 serving 20 req/s between them: each at u = 0.2 x 1.07 / 0.27 of capacity,
+    so capacity = 10 / u. An idle fleet (u < 0.2) gives no capacity at all rather than a wild one."""
+    from scaler.demand import kv_utilization
+
+    u = kv_utilization(0.2)
+    assert u == pytest.approx(0.2 * 1.07 / 0.27)
+    assert kv_utilization(1.0) == pytest.approx(1.0) and kv_utilization(0.0) == 0.0
+    tr = DemandTracker(5.0)
+    t = feed(tr, [20.0] * 40, kv=0.2)
+    assert tr.capacity(None, t) == (pytest.approx(10.0 / u), "provisional")
+    idle = DemandTracker(5.0)
+    t = feed(idle, [0.5] * 40, kv=0.01)
+    assert idle.capacity(None, t) == (None, "unknown")
+
+
+def test_capacity_is_learned_only_past_the_knee() -> None:
+    """A replica that keeps a queue with KV full takes in what it can: its admission rate (finished +
+    growth of the batch) is a capacity reading. A busy replica, or one with a growing queue but KV to
+    spare (a prefill budget, a replica filling after a burst), says nothing."""
+    assert not is_saturated(waiting=20, prev_waiting=10, running=200, kv_usage_max=0.5, preempted=False)
+    assert is_saturated(waiting=20, prev_waiting=20, running=200, kv_usage_max=0.95, preempted=False)
+    assert is_saturated(waiting=20, prev_waiting=20, running=200, kv_usage_max=0.5, preempted=True)
+    assert not is_saturated(waiting=20, prev_waiting=20, running=200, kv_usage_max=0.5, preempted=False)
+    assert not is_saturated(waiting=0, prev_waiting=30, running=200, kv_usage_max=0.99, preempted=True)
+    assert not is_saturated(waiting=5, prev_waiting=0, running=10, kv_usage_max=0.99, preempted=False)
+
+    tr = DemandTracker(5.0)
+    busy = [counters("a", 100.0 * k, running=150, kv=0.4) for k in range(5)]
+    for k, c in enumerate(busy):
+        tr.observe(5.0 * k, ["a"], [c])
+    assert tr.capacity(None) == (None, "unknown")
+    finished, waiting, running = 0.0, 10.0, 400.0
+    for k, (rate, grew) in enumerate([(12.0, 0), (13.0, 0), (10.0, 5), (12.5, -5)], start=5):
+        finished += rate * 5.0
+        waiting += 10
+        running += grew
+        tr.observe(5.0 * k, ["a"], [counters("a", 500.0 + finished, waiting=waiting, running=running, kv=0.99)])
+    cap, source = tr.capacity(None)
+    # the first saturated scrape has an unsaturated one behind it (waiting 0); then 13, 10 + 1, 12.5 - 1
+    assert source == "learned" and cap == pytest.approx(11.5)
+    assert tr.capacity(7.0) == (7.0, "configured")
+
+
+def test_startup_is_learned_first_in_first_out() -> None:
+    tr = DemandTracker(5.0)
+    assert tr.startup(None) == (DEFAULT_STARTUP_S, "default")
+    tr.observe(0.0, ["a"], [counters("a", 0.0)], starting=0)
+    tr.observe(10.0, ["a"], [counters("a", 0.0)], starting=2)  # two pods created at 10 s
+    tr.observe(20.0, ["a"], [], starting=2)  # a scrape failure is not a new replica
+    tr.observe(200.0, ["a", "b"], [counters("a", 0.0), counters("b", 0.0)], starting=1)
+    tr.observe(260.0, ["a", "b", "c"], [counters(u, 0.0) for u in "abc"], starting=0)
+    assert tr.startup(None) == (pytest.approx((190.0 + 250.0) / 2), "learned")
+    assert tr.startup(60.0) == (60.0, "configured")
+
+
+def test_the_rate_term_is_the_demand_and_pressure_the_guard() -> None:
+    p = ScoringParams(target_utilization=0.8)
+    tr = DemandTracker(5.0)
+    t = feed(tr, [40.0] * 60)
+    est = tr.estimate(t, capacity_rps=10.0)
+    quiet = [ReplicaInput(waiting=0, running=50, kv_usage=0.2) for _ in range(4)]
+    c = composite(quiet, p, demand=est)
+    assert c.rate == pytest.approx(40.0 / (10.0 * 0.8)) and c.value == pytest.approx(5.0)
+    assert c.dominant == "rate" and c.pressure == pytest.approx(4 * 0.2 / 0.85)
+    # replicas past the knee (KV full, queues) outweigh a rate read with a capacity that was too high
+    full = [ReplicaInput(waiting=100, running=200, kv_usage=1.0) for _ in range(4)]
+    c = composite(full, p, demand=est)
+    assert c.value == round(c.pressure, 3) and c.pressure > c.rate > 0 and c.dominant in ("load", "queue")
+    # no capacity yet (a near-idle fleet, nothing learned): the pressure terms alone, as before
+    idle = DemandTracker(5.0)
+    t = feed(idle, [40.0] * 60, kv=0.01)
+    unknown = idle.estimate(t)
+    assert unknown is not None and unknown.capacity_source == "unknown"
+    c = composite(quiet, p, demand=unknown)
+    assert c.rate is None and c.value == pytest.approx(round(4 * 0.2 / 0.85, 3))
+
+
+def test_slo_guardrail_raises_on_a_breach_and_holds_near_it() -> None:
+    p = ScoringParams(ttft_slo_s=2.0)
+    assert slo_floor(2.5, 8, p) == pytest.approx(10.0)  # 1.25 x 8
+    assert slo_floor(2.5, 2, p) == pytest.approx(3.0)  # at least one more
+    assert slo_floor(1.7, 8, p) == pytest.approx(8.0)  # above 0.8 x SLO: no scale-down
+    assert slo_floor(1.0, 8, p) is None
+    assert slo_floor(5.0, 8, ScoringParams()) is None  # no SLO configured: off
+    fleet = [ReplicaInput(waiting=0, running=10, kv_usage=0.1) for _ in range(8)]
+    c = composite(fleet, p, ttft_quantile_s=2.5)
+    assert c.value == pytest.approx(10.0) and c.dominant == "slo" and c.slo_floor == pytest.approx(10.0)
+
+
+def test_a_data_parallel_pod_is_scored_by_its_fullest_engine() -> None:
+    """DP=8: one engine at KV 0.97 with a queue behind idle ones. The pod mean (0.63 KV, 40 waiting over
+    800 running) hides it; per engine, the full one counts."""
+    engines = ((40.0, 100.0),) + ((0.0, 100.0),) * 7
+    pod = ReplicaInput(waiting=40, running=800, kv_usage=0.63, kv_usage_max=0.97, engines=engines)
+    c = composite([pod], ScoringParams(target_kv_usage=0.85, target_queue_depth=5))
+    assert c.load == pytest.approx(0.97 / 0.85)
+    assert c.queue == pytest.approx(40 / 100)
+    single = composite([ReplicaInput(waiting=40, running=800, kv_usage=0.63)], ScoringParams())
+    assert single.value < c.value
