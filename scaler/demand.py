@@ -12,7 +12,7 @@ are linear in load on both sides of the knee, and cost one counter and two gauge
 grows by exactly the requests that reached the replica (a request is in flight, finished or refused),
 whatever the batch does; a drop is a restart (``CounterWindow``'s rule: the new value is the increase).
 
-From the fleet's arrivals per bin of ``bin_s`` seconds (10 s, or the scrape interval if longer):
+From the fleet's arrivals per bin of ``bin_s`` seconds (10 s at the default 5 s scrape interval):
 
     offered  = mean arrival rate over the calm window (300 s)
     spread   = the bins' spread over the calm window, as a robust standard deviation (1.4826 x the
@@ -166,7 +166,9 @@ def _finite(x: float | None) -> float:
 class DemandTracker:
     def __init__(self, scrape_interval: float = 5.0, config: DemandConfig | None = None) -> None:
         self.config = config or DemandConfig()
-        self.bin_s = max(BIN_S, scrape_interval)
+        # 10 s bins at the default 5 s scrape; never shorter than a scrape, and a sub-second scrape (tests,
+        # demos) gets bins of four scrapes rather than a 10 s wait
+        self.bin_s = max(scrape_interval, min(BIN_S, 4 * scrape_interval))
         self._last: dict[str, _Last] = {}
         self._bins: deque[tuple[float, float]] = deque()  # (bin end, arrivals/s in the bin)
         self._open_t: float | None = None

@@ -63,8 +63,8 @@ class _TargetCollector(Collector):
             return GaugeMetricFamily(f"llm_scaler_{name}", doc, labels=[*_TARGET_LABELS, *extra])
 
         composite = family("composite", "Composite demand served to KEDA, in replica-equivalents")
-        term = family("composite_term", "Composite broken into its terms (load, queue, reject, assumed)",
-                      ("term",))
+        term = family("composite_term", "Composite broken into its terms: load, queue, reject, assumed (the "
+                      "pressure side, summed as pressure), rate (offered load over capacity), slo_floor", ("term",))
         reason = family("decision_reason", "1 for the term that dominates the composite", ("reason",))
         up = family("target_up", "1 when GetMetrics answers with a value, 0 when it answers UNAVAILABLE")
         active = family("active", "1 when IsActive is true (composite > activationThreshold)")
@@ -79,6 +79,15 @@ class _TargetCollector(Collector):
                           ("state",))
         age = family("snapshot_age_seconds", "Seconds since the target's last scrape cycle finished")
         cycle = family("scrape_cycle_seconds", "Duration of the target's last cycle (discovery and all scrapes)")
+        offered = family("offered_requests_per_second", "Requests offered to the fleet (finished + refused + in "
+                         "flight, per second), mean over the calm window")
+        planned = family("planned_requests_per_second", "The demand the rate term plans for: offered + growth "
+                         "over one start-up + headroom for the spread")
+        spread = family("demand_spread_requests_per_second", "Robust standard deviation of 10 s arrival rates")
+        growth = family("demand_growth_requests_per_second", "Offered-load growth projected over one start-up")
+        capacity = family("replica_capacity_requests_per_second", "Requests/s one replica serves within the SLO "
+                          "(configured, learned past the knee, or provisional from KV)", ("source",))
+        startup = family("startup_seconds", "Replica start-up time used as the growth horizon", ("source",))
         count = GaugeMetricFamily("llm_scaler_targets", "Targets (ScaledObject fleets) being scraped")
         now = self._clock()
         targets = list(self._targets())
@@ -98,10 +107,21 @@ class _TargetCollector(Collector):
                 c = snap.composite
                 composite.add_metric(labels, c.value)
                 active.add_metric(labels, 1.0 if c.active(t.cfg.activation_threshold) else 0.0)
-                for name, value in (("load", c.load), ("queue", c.queue), ("reject", c.reject),
-                                    ("assumed", c.assumed)):
-                    term.add_metric([*labels, name], value)
+                for name, maybe_term in (("load", c.load), ("queue", c.queue), ("reject", c.reject),
+                                         ("assumed", c.assumed), ("pressure", c.pressure), ("rate", c.rate),
+                                         ("slo_floor", c.slo_floor)):
+                    if maybe_term is not None:
+                        term.add_metric([*labels, name], maybe_term)
                 reason.add_metric([*labels, c.dominant], 1.0)
+                d = c.demand
+                if d is not None:
+                    offered.add_metric(labels, d.offered_rps)
+                    planned.add_metric(labels, d.need_rps)
+                    spread.add_metric(labels, d.spread_rps)
+                    growth.add_metric(labels, d.growth_rps)
+                    if d.capacity_rps is not None:
+                        capacity.add_metric([*labels, d.capacity_source], d.capacity_rps)
+                    startup.add_metric([*labels, d.startup_source], d.startup_s)
             ev = snap.evaluation
             waiting.add_metric(labels, ev.waiting)
             running.add_metric(labels, ev.running)
@@ -112,7 +132,7 @@ class _TargetCollector(Collector):
                 if maybe is not None:
                     fam.add_metric(labels, maybe)
         yield from (composite, term, reason, up, active, waiting, running, kv, rejects, preempt, ttft, qtime,
-                    replicas, age, cycle, count)
+                    offered, planned, spread, growth, capacity, startup, replicas, age, cycle, count)
 
 
 class ScalerMetrics:

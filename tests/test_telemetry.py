@@ -52,3 +52,49 @@ async def test_exported_values_match_the_served_composite() -> None:
     assert any(lab.get("method") == "GetMetrics" and lab.get("code") == "OK"
                for lab, _ in m["llm_scaler_rpc_duration_seconds_count"])
     assert all(name.startswith("llm_scaler_") for name in m)
+
+
+async def test_the_demand_behind_the_composite_is_exported() -> None:
+    """A replica finishing 50 requests per scrape, with a configured capacity: the rate term, the offered
+    and planned load and the capacity are on /metrics, and they are what KEDA was served."""
+    import threading
+
+    with replicas(vllm_v1([EngineLoad(0, 40, 0.3)])) as (replica,):
+        stop = threading.Event()
+
+        def count_up() -> None:  # the success counter grows with every scrape the replica answers
+            while not stop.wait(0.02):
+                replica.behaviour.payload = vllm_v1([EngineLoad(0, 40, 0.3)], success=50.0 * replica.requests)
+
+        thread = threading.Thread(target=count_up, daemon=True)
+        thread.start()
+        try:
+            async with running_scaler() as server, channel_to(server) as ch:
+                meta = {"endpoints": replica.url, "replicaCapacity": "20", "targetUtilization": "0.5", **FAST}
+                keda = KedaEmulator(ch, "llm", "serving", meta)
+                await keda.poll()  # the first call registers the target and starts its scrape loop
+                deadline = asyncio.get_running_loop().time() + 30.0  # a few 2 s bins of arrivals, on a busy machine
+                while True:
+                    m = await asyncio.to_thread(scrape, server.metrics_port)
+                    if "llm_scaler_planned_requests_per_second" in m or asyncio.get_running_loop().time() > deadline:
+                        break
+                    await asyncio.sleep(0.3)
+                served = (await keda.poll()).value
+                m = await asyncio.to_thread(scrape, server.metrics_port)
+        finally:
+            stop.set()
+            thread.join()
+    labels = {"namespace": "serving", "scaledobject": "llm"}
+
+    def value(name: str, **extra: str) -> float:
+        matches = [v for lab, v in m[name] if {**labels, **extra}.items() <= lab.items()]
+        assert len(matches) == 1, (name, m.get(name))
+        return matches[0]
+
+    offered, planned = value("llm_scaler_offered_requests_per_second"), value("llm_scaler_planned_requests_per_second")
+    assert offered > 10 and planned >= offered  # ~100/s at 2 scrapes a second
+    assert value("llm_scaler_replica_capacity_requests_per_second", source="configured") == 20.0
+    assert value("llm_scaler_composite_term", term="rate") == planned / (20.0 * 0.5)
+    assert value("llm_scaler_decision_reason", reason="rate") == 1
+    assert value("llm_scaler_startup_seconds", source="default") > 0
+    assert abs(served - value("llm_scaler_composite")) < 0.5 * served  # the next cycle may have moved it a bit

@@ -100,6 +100,17 @@ def plot_run(path: Path, summary: dict[str, Any], timeline: Sequence[dict[str, f
     load = _series(timeline, "load_rps")
     if load is not None:
         ax_load.plot(t, load, color="#1f77b4", lw=lw, label="arrivals (req/s, last minute)")
+    need = _series(timeline, "need_rps")
+    if need is not None:
+        # The composite's view: what it plans for, and what the ready fleet serves at its target.
+        ax_load.plot(t, need, color="#d62728", lw=lw, ls="--", label="planned demand (offered + growth + 2 x spread)")
+        capacity = _series(timeline, "capacity_rps")
+        knob = summary.get("knob_value")
+        if capacity is not None and isinstance(knob, int | float):
+            ready = _zero(_series(timeline, "ready"), n)
+            served = [r * c * float(knob) for r, c in zip(ready, capacity, strict=True)]
+            ax_load.step(t, served, where="post", color="#2ca02c", lw=lw,
+                         label=f"ready replicas x capacity x {float(knob):g} (learned or read from KV)")
     ax_load.set_ylabel("load (req/s)")
     ax_load.set_ylim(bottom=0)
     _legend_outside(ax_load)

@@ -51,6 +51,10 @@ class Policy:
         """Policies that bypass the HPA (static, oracle) say how many replicas to run."""
         return None
 
+    def explain(self) -> dict[str, float | None]:
+        """Extra timeline fields that say why the policy asked for what it did (plotted when present)."""
+        return {}
+
     def demand_replicas(self, ready: int, current: int) -> float | None:
         """The latest reading in replica units, before tolerance and bounds (for plots): what the HPA's
         proposal would be."""
@@ -90,6 +94,21 @@ class CompositePolicy(Policy):
         c = self._state.evaluate(now, incoming).composite
         self._composite = None if c is None else c.value
         self.value = self._composite
+        self._last = c
+
+    def explain(self) -> dict[str, float | None]:
+        c = getattr(self, "_last", None)
+        if c is None:
+            return {}
+        d = c.demand
+        cap = d.capacity_rps if d is not None else None
+        return {
+            "offered_rps": d.offered_rps if d is not None else None,
+            "need_rps": d.need_rps if d is not None else None,
+            "capacity_rps": cap,
+            "rate_replicas": c.rate,
+            "pressure_replicas": c.pressure,
+        }
 
     def reading(self) -> MetricReading | None:
         return None if self._composite is None else MetricReading(AVERAGE_VALUE, self._composite, 1.0)

@@ -355,6 +355,7 @@ def simulate(workload: Workload | Sequence[TraceRequest], cfg: RunConfig,
                 "desired": float(fleet.spec_replicas),
                 "metric": policy.value,
                 "metric_replicas": policy.demand_replicas(ready, fleet.spec_replicas),
+                **policy.explain(),
             })
             acc.point(point)
         if progress is not None and t >= next_progress:
