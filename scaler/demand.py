@@ -262,6 +262,8 @@ class DemandTracker:
         replica_s = math.fsum(n for _, _, n in window)
         if replica_s <= 0 or util_s / replica_s < MIN_PROVISIONAL_UTILIZATION:
             return None
+        if not any(r > 0 for r, _, _ in window):
+            return None  # KV in use and nothing arriving (a stuck engine): no reading, not a capacity of 0
         seconds = len(window) * self.bin_s  # bins are at least bin_s long: close enough for a prior
         arrivals = math.fsum(r for r, _, _ in window) * self.bin_s
         return arrivals / seconds / (util_s / seconds)

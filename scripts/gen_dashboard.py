@@ -25,6 +25,12 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ("Composite terms (replica-equivalents)", "short", [
         (f"llm_scaler_composite_term{{{SEL}}}", "{{term}}"),
     ]),
+    ("Offered load vs planned demand vs fleet capacity", "reqps", [
+        (f"llm_scaler_offered_requests_per_second{{{SEL}}}", "offered (calm window)"),
+        (f"llm_scaler_planned_requests_per_second{{{SEL}}}", "planned (offered + growth + headroom)"),
+        (f"llm_scaler_replica_capacity_requests_per_second{{{SEL}}} * on (namespace, scaledobject, target) "
+         f'group_left llm_scaler_replicas{{{SEL},state="fresh"}}', "ready replicas x capacity ({{source}})"),
+    ]),
     ("Decision reason", "short", [
         (f"llm_scaler_decision_reason{{{SEL}}} == 1", "{{reason}}"),
     ]),

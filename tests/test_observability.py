@@ -10,6 +10,7 @@ import re
 import runpy
 import shutil
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -43,12 +44,22 @@ def exposition() -> str:
             async with running_scaler() as server, channel_to(server) as ch:
                 meta = {"endpoints": f"{r.url},http://127.0.0.1:9", "scrapeInterval": "0.5", "scrapeTimeout": "0.4"}
                 await KedaEmulator(ch, "llm", "serving", meta).poll()
-                # new TTFT observations and completions between scrapes: windowed p95s and rates exist
-                r.set(payload=vllm_v1([EngineLoad(3, 20, 0.5)], http_2xx=30, http_5xx=1, success=20,
-                                      ttft_observations=[0.2] * 20))
-                await asyncio.sleep(1.5)
-                return await asyncio.to_thread(
-                    lambda: urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode())
+                # new TTFT observations and completions between scrapes: windowed p95s, rates and the
+                # demand estimate (a few 2 s bins of arrivals) exist; 30 s is a generous budget on a busy machine
+                deadline = time.monotonic() + 30.0
+                success = 20.0
+                while True:
+                    r.set(payload=vllm_v1([EngineLoad(3, 20, 0.5)], http_2xx=30, http_5xx=1, success=success,
+                                          ttft_observations=[0.2] * 20))
+                    success += 10.0
+                    await asyncio.sleep(0.3)
+                    text = await asyncio.to_thread(
+                        lambda: urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode())
+                    wanted = ("llm_scaler_planned_requests_per_second", "llm_scaler_replica_capacity_requests_per_second",
+                              "llm_scaler_ttft_p95_seconds", "llm_scaler_queue_time_p95_seconds",
+                              "llm_scaler_rejects_per_second", "llm_scaler_preemptions_per_second")
+                    if all(f"\n{name}{{" in text for name in wanted) or time.monotonic() > deadline:
+                        return text
 
     return asyncio.run(go())
 
