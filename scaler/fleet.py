@@ -163,6 +163,9 @@ class FleetState:
         self.window_s = max(DEFAULT_WINDOW_S, 3 * scrape_interval)
         self._replicas: dict[str, _ReplicaState] = {}
         self._urls: list[str] = []
+        if demand is None:  # the trigger's window; the trend and burst windows keep their proportions
+            w = params.demand_window_s
+            demand = DemandConfig(calm_window_s=w, trend_window_s=1.2 * w, burst_window_s=0.1 * w)
         self.demand = DemandTracker(scrape_interval, demand)
 
     def update(self, now: float, observations: Iterable[Observation], starting: int = 0) -> list[tuple[str, bool]]:

@@ -41,6 +41,7 @@ DEFAULTS: Final[dict[str, float | str]] = {
     "targetQueueDepth": 5.0,
     "targetUtilization": 0.9,
     "ttftSloQuantile": 0.95,
+    "demandWindow": 300.0,
     "activationThreshold": 0.0,
     "targetValue": 1.0,
     "scrapeInterval": 5.0,
@@ -51,7 +52,7 @@ DISCOVERY_KEYS: Final = ("endpoints", "dnsName", "service")
 KNOWN_KEYS: Final = frozenset(
     {*DISCOVERY_KEYS, "port", "scheme", "engine", "model", "metricsPath", "targetKvUsage", "targetQueueDepth",
      "activationThreshold", "targetValue", "scrapeInterval", "scrapeTimeout", "staleAfter", "targetUtilization",
-     "replicaCapacity", "startupSeconds", "ttftSloSeconds", "ttftSloQuantile"}
+     "replicaCapacity", "startupSeconds", "ttftSloSeconds", "ttftSloQuantile", "demandWindow"}
 )
 # Keys KEDA itself reads and forwards: never worth a hint.
 KEDA_KEYS: Final = frozenset({"scalerAddress", "enableTLS", "unsafeSsl"})
@@ -269,6 +270,7 @@ def parse_trigger(
             startup_s=_optional(meta, "startupSeconds", 0.0, 86400.0),
             ttft_slo_s=_optional(meta, "ttftSloSeconds", 0.0, 3600.0),
             ttft_slo_quantile=_number(meta, "ttftSloQuantile", 0.5, 0.999),
+            demand_window_s=_number(meta, "demandWindow", 10.0, 3600.0),
         ),
         activation_threshold=_number(meta, "activationThreshold", 0.0, 1e9),
         target_value=_number(meta, "targetValue", 0.001, 1e9),

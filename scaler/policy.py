@@ -83,6 +83,7 @@ class ScoringParams:
     startup_s: float | None = None  # seconds from created to ready; None: learn it
     ttft_slo_s: float | None = None
     ttft_slo_quantile: float = 0.95
+    demand_window_s: float = 300.0  # the demand's calm window (trend: 1.2x, burst: 0.1x)
 
 
 @dataclass(frozen=True, slots=True)

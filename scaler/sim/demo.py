@@ -19,14 +19,17 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from scaler.config import Settings
+from scaler.metadata import DEFAULTS
 from scaler.server import ScalerServer
 from scaler.sim.exporter import ReplicaExporter
 from scaler.sim.fleet import DRAINING, READY, STARTING, Fleet
@@ -42,6 +45,7 @@ __all__ = ["add_demo_arguments", "demo_main"]
 
 NAMESPACE, SERVICE, SCALED_OBJECT = "demo", "vllm-llama", "llama"
 HPA_SYNC_S = 15.0  # simulated seconds
+DEFAULT_DEMAND_WINDOW_S = float(DEFAULTS["demandWindow"])
 # The demo's load: (start minute, end minute, rate multiplier) over the bundled trace.
 SEGMENTS: Sequence[tuple[float, float, float]] = ((0, 2, 3.0), (2, 3, 6.0), (3, 6, 10.0), (6, 12, 3.0))
 TRACE_OFFSET_S = 600.0
@@ -51,9 +55,10 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speed", type=float, default=12.0, help="simulated seconds per real second (default 12)")
     p.add_argument("--minutes", type=float, default=12.0, help="simulated minutes to replay (default 12)")
     p.add_argument("--profile", default="8b-h100", choices=list(PROFILES), help="default 8b-h100")
-    p.add_argument("--target-kv-usage", default="0.2",
-                   help="the trigger's targetKvUsage (default 0.2: the knee `replay --sweep` finds for this "
-                        "chat mix; the scaler's own default 0.85 sits too close to KV exhaustion here)")
+    p.add_argument("--target-utilization", default=None,
+                   help="the trigger's targetUtilization (default: the scaler's own, 0.9)")
+    p.add_argument("--target-kv-usage", default=None,
+                   help="the trigger's targetKvUsage (default: the scaler's own, 0.85)")
     p.add_argument("--max-replicas", type=int, default=8)
     p.add_argument("--slo-ttft", type=float, default=2.0)
     p.add_argument("--out-dir", type=Path, default=Path("demo-output"), help="summary.json and demo.png go here")
@@ -76,6 +81,8 @@ def demo_trace(minutes: float) -> list[TraceRequest]:
 @dataclass
 class _State:
     composite: float | None = None
+    planned_rps: float | None = None  # the scaler's explanation, in simulated requests/s
+    capacity_rps: float | None = None
     desired: int = 1
     ups: int = 0
     downs: int = 0
@@ -97,6 +104,7 @@ class Demo:
         self.kube = FakeKube(token="demo-token")
         self.kube.services[(NAMESPACE, SERVICE)] = []
         self.state = _State()
+        self.metrics_port = 0
         # Minute-long cold starts: add up to 4 pods a minute, remove one every 30 s after a minute of calm
         # (the demo's compressed version of the README's recommended behavior).
         self.hpa = Hpa(1, args.max_replicas, Behavior(
@@ -118,6 +126,17 @@ class Demo:
         for name in [n for n in self.exporters if n not in serving]:
             self.exporters.pop(name).close()
 
+    def metadata(self) -> dict[str, str]:
+        """The scaler's defaults, on a clock ``speed`` times faster: the demand's 5-minute window shrinks
+        with it (start-up times are measured, so they shrink by themselves)."""
+        meta = {"service": SERVICE, "engine": "vllm", "scrapeInterval": "0.5", "scrapeTimeout": "0.4",
+                "staleAfter": "2", "demandWindow": f"{max(10.0, DEFAULT_DEMAND_WINDOW_S / self.args.speed):g}"}
+        if self.args.target_utilization is not None:
+            meta["targetUtilization"] = str(self.args.target_utilization)
+        if self.args.target_kv_usage is not None:
+            meta["targetKvUsage"] = str(self.args.target_kv_usage)
+        return meta
+
     # -- the loop --------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
         api = FakeKubeServer(self.kube)
@@ -129,9 +148,7 @@ class Demo:
         await server.start()
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
-                keda = KedaEmulator(channel, SCALED_OBJECT, NAMESPACE, {
-                    "service": SERVICE, "engine": "vllm", "targetKvUsage": self.args.target_kv_usage,
-                    "scrapeInterval": "0.5", "scrapeTimeout": "0.4", "staleAfter": "2"})
+                keda = KedaEmulator(channel, SCALED_OBJECT, NAMESPACE, self.metadata())
                 return await self._loop(keda, server.metrics_port)
         finally:
             await server.stop()
@@ -141,6 +158,7 @@ class Demo:
             tmp.cleanup()
 
     async def _loop(self, keda: KedaEmulator, metrics_port: int) -> dict[str, Any]:
+        self.metrics_port = metrics_port
         speed = self.args.speed
         with self.lock:
             self.fleet.add(0.0, ready=True)
@@ -180,6 +198,7 @@ class Demo:
         except grpc.aio.AioRpcError:
             self.state.errors += 1  # no metric: the HPA holds (KEDA's fallback would count these)
             reading = None
+        await self._read_explanation()
         with self.lock:
             current = self.fleet.spec_replicas
             desired = self.hpa.decide(sim_t, current, len(self.fleet.with_state(READY)), reading)
@@ -190,6 +209,27 @@ class Demo:
                 self.fleet.scale_to(desired, sim_t)
         self._sync_endpoints()
 
+    async def _read_explanation(self) -> None:
+        """What the scaler plans for and thinks one replica serves, from its own /metrics."""
+        def fetch() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as resp:
+                return str(resp.read().decode())
+
+        try:
+            text = await asyncio.to_thread(fetch)
+        except OSError:
+            return
+        found: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.labels.get("scaledobject") == SCALED_OBJECT:
+                    found[sample.name] = sample.value
+        speed = self.args.speed  # the scaler counts requests per real second
+        planned = found.get("llm_scaler_planned_requests_per_second")
+        capacity = found.get("llm_scaler_replica_capacity_requests_per_second")
+        self.state.planned_rps = None if planned is None else planned / speed
+        self.state.capacity_rps = None if capacity is None else capacity / speed
+
     def _sample(self, sim_t: float, arrivals: list[float]) -> None:
         lo = _index(arrivals, sim_t - 60.0)
         hi = _index(arrivals, sim_t)
@@ -198,6 +238,7 @@ class Demo:
             "ready": float(len(self.fleet.with_state(READY))), "starting": float(len(self.fleet.with_state(STARTING))),
             "draining": float(len(self.fleet.with_state(DRAINING))), "metric": self.state.composite,
             "desired": float(self.fleet.spec_replicas), "metric_replicas": self.state.composite,
+            "need_rps": self.state.planned_rps, "capacity_rps": self.state.capacity_rps,
         })
 
     def _show(self, sim_t: float, arrivals: list[float], metrics_port: int) -> None:
@@ -230,7 +271,8 @@ class Demo:
             with_ttft = [r.ttft for r in self.requests if r.ttft is not None]
             add_ttft_p95(self.state.timeline, self.requests)
             return {
-                "policy": "composite", "knob": "targetKvUsage", "knob_value": float(self.args.target_kv_usage),
+                "policy": "composite", "knob": "targetUtilization",
+                "knob_value": float(self.args.target_utilization or DEFAULTS["targetUtilization"]),
                 "profile": self.profile.name, "trace": BUNDLED_TRACE.name, "requests": len(self.requests),
                 "slo_ttft_s": slo,
                 "slo_attainment": sum(1 for t in with_ttft if t <= slo) / max(1, len(self.requests)),
