@@ -270,7 +270,7 @@ def parse_trigger(
             startup_s=_optional(meta, "startupSeconds", 0.0, 86400.0),
             ttft_slo_s=_optional(meta, "ttftSloSeconds", 0.0, 3600.0),
             ttft_slo_quantile=_number(meta, "ttftSloQuantile", 0.5, 0.999),
-            demand_window_s=_number(meta, "demandWindow", 10.0, 3600.0),
+            demand_window_s=_number(meta, "demandWindow", 5.0, 3600.0),
         ),
         activation_threshold=_number(meta, "activationThreshold", 0.0, 1e9),
         target_value=_number(meta, "targetValue", 0.001, 1e9),

@@ -13,12 +13,12 @@ EXE = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
 
 
 def test_demo_scales_up_and_down(tmp_path: Path) -> None:
-    out = subprocess.run([EXE, "demo", "--no-live", "--speed", "48", "--out-dir", str(tmp_path)],
+    out = subprocess.run([EXE, "demo", "--no-live", "--speed", "24", "--out-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["scale_ups"] >= 1 and summary["scale_downs"] >= 1
-    assert summary["max_replicas"] >= 3
+    assert summary["max_replicas"] >= 2
     assert summary["metric_errors"] == 0  # every HPA sync got a value over gRPC
     assert summary["requests"] > 10_000 and 0 < summary["slo_attainment"] <= 1
     assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"

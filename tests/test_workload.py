@@ -199,7 +199,7 @@ def test_capacity_on_long_prompts_is_the_knee_not_a_floor() -> None:
     assert 0.1 < cap < 1.0
     workload = TraceWorkload("long", long)
     oracle = simulate(workload, RunConfig(policy="oracle")).summary
-    composite = simulate(workload, RunConfig(policy="composite", knob=0.1)).summary
+    composite = simulate(workload, RunConfig(policy="composite")).summary
     assert oracle["max_replicas"] < 64 and composite["max_replicas"] < 64
     first_minutes = sum(1 for r in long if r.t < 300) / 300
     assert composite["config"]["initial_replicas"] is None

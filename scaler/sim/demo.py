@@ -46,8 +46,12 @@ __all__ = ["add_demo_arguments", "demo_main"]
 NAMESPACE, SERVICE, SCALED_OBJECT = "demo", "vllm-llama", "llama"
 HPA_SYNC_S = 15.0  # simulated seconds
 DEFAULT_DEMAND_WINDOW_S = float(DEFAULTS["demandWindow"])
-# The demo's load: (start minute, end minute, rate multiplier) over the bundled trace.
-SEGMENTS: Sequence[tuple[float, float, float]] = ((0, 2, 3.0), (2, 3, 6.0), (3, 6, 10.0), (6, 12, 3.0))
+# The demo's load: (start minute, end minute, rate multiplier) over the bundled trace — a day's morning
+# ramp compressed into minutes (x2 to x6, about a third of a replica's worth per cold start), a 30-second
+# burst of +50 % at the top, and the evening ramp down.
+SEGMENTS: Sequence[tuple[float, float, float]] = (
+    (0, 1.25, 2.0), (1.25, 2.5, 3.0), (2.5, 3.75, 4.0), (3.75, 5, 5.0), (5, 6, 6.0), (6, 6.5, 9.0), (6.5, 7.5, 5.0),
+    (7.5, 8.5, 3.0), (8.5, 12, 2.0))
 TRACE_OFFSET_S = 600.0
 
 
@@ -130,7 +134,7 @@ class Demo:
         """The scaler's defaults, on a clock ``speed`` times faster: the demand's 5-minute window shrinks
         with it (start-up times are measured, so they shrink by themselves)."""
         meta = {"service": SERVICE, "engine": "vllm", "scrapeInterval": "0.5", "scrapeTimeout": "0.4",
-                "staleAfter": "2", "demandWindow": f"{max(10.0, DEFAULT_DEMAND_WINDOW_S / self.args.speed):g}"}
+                "staleAfter": "2", "demandWindow": f"{max(5.0, DEFAULT_DEMAND_WINDOW_S / self.args.speed):g}"}
         if self.args.target_utilization is not None:
             meta["targetUtilization"] = str(self.args.target_utilization)
         if self.args.target_kv_usage is not None:
