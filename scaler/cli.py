@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from scaler.config import add_serve_arguments, settings_from
+from scaler.demand import kv_utilization
 from scaler.engines import ENGINE_CHOICES, read_replica
 from scaler.errors import BadMetadata, ReplicaError
 from scaler.metadata import DEFAULTS, endpoint_urls
@@ -92,7 +93,9 @@ def _read_signals(args: argparse.Namespace) -> tuple[str, ReplicaSignals]:
 
 
 def _report(source: str, s: ReplicaSignals, params: ScoringParams) -> dict[str, Any]:
-    score = score_replica(ReplicaInput(waiting=s.waiting, running=s.running, kv_usage=s.kv_usage), params)
+    engines = tuple((e.waiting, e.running) for e in s.engines) if len(s.engines) > 1 else ()
+    score = score_replica(ReplicaInput(waiting=s.waiting, running=s.running, kv_usage=s.kv_usage,
+                                       kv_usage_max=s.kv_usage_max, engines=engines), params)
     return {
         "source": source,
         "engine": s.engine,
@@ -112,8 +115,10 @@ def _report(source: str, s: ReplicaSignals, params: ScoringParams) -> dict[str, 
             {"rank": e.rank, "waiting": e.waiting, "running": e.running, "kv_usage": e.kv_usage}
             for e in s.engines
         ],
-        # What this replica alone adds to the composite (no rates: one scrape has none).
+        # What this replica alone adds to the composite's pressure side (no rates: one scrape has none),
+        # and the share of its capacity its KV says it serves (the demand's reading before one is learned).
         "demand": round(score.demand, 3),
+        "kv_utilization": round(kv_utilization(s.kv_usage_max), 3),
     }
 
 
@@ -121,7 +126,8 @@ def _print_human(report: dict[str, Any]) -> None:
     sig = report["signals"]
     print(f"{report['source']}: {report['engine']}  models={','.join(report['models']) or '-'}")
     print(f"  waiting={sig['waiting']:g} running={sig['running']:g} kv_usage={sig['kv_usage']:.3f} "
-          f"(max {sig['kv_usage_max']:.3f})  demand={report['demand']:g} replica-equivalents")
+          f"(max {sig['kv_usage_max']:.3f})  demand={report['demand']:g} replica-equivalents  "
+          f"~{100 * report['kv_utilization']:.0f} % of capacity by its KV")
     for e in report["engines"]:
         print(f"  engine {e['rank']}: waiting={e['waiting']:g} running={e['running']:g} kv_usage={e['kv_usage']:.3f}")
 
