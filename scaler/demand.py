@@ -127,8 +127,9 @@ def kv_utilization(kv: float) -> float:
     """The share of its capacity a replica serves, read from its KV occupancy before any capacity is known.
 
     In an engine whose decode step slows with the batch, the batch a rate needs grows like
-    1 / (1 - rate/capacity), so KV occupancy is ``a·u / (1 - u·c)``-shaped and its inverse is
-    ``u = kv (1 + b) / (kv + b)``: 1 at a full pool, steep at first. Fitted on the perf model's replicas
+    1 / (1 - rate/capacity), so KV occupancy follows ``a·u / (1 - (1 - a)·u)`` in the utilization u (full
+    at u = 1), whose inverse is ``u = kv (1 + b) / (kv + b)`` with b = a / (1 - a). Fitted on the perf
+    model's replicas
     (single-replica Poisson runs at 0.3-1.0 of capacity), b is 0.04-0.22 across token mixes and
     hardware; with b = 0.07 the capacity read from it is within 6 % on the 70B chat mix and 17 % low to
     5 % high on the others (3x outputs, 3x prompts, 8B, H200). Low is safe (a few more replicas); high
@@ -182,6 +183,8 @@ class DemandTracker:
         self._open_util = 0.0  # sum over the bin of (sum of replicas' kv_utilization) x seconds
         self._open_n = 0.0
         self._util_bins: deque[tuple[float, float, float]] = deque()  # (bin end, util-seconds, replica-seconds)
+        self._open_complete = True
+        self._incomplete: deque[float] = deque()  # ends of bins where some replica had no finished counter
 
     # -- input -----------------------------------------------------------------------------------
     def observe(self, now: float, members: Iterable[str], replicas: Iterable[ReplicaCounters],
@@ -197,6 +200,10 @@ class DemandTracker:
         seen: set[str] = set()
         for r in replicas:
             seen.add(r.url)
+            if r.finished_total is None:
+                # without a finished counter its arrivals cannot be told from its batch changing: the
+                # fleet's offered load is unknown (not low) until the window holds none of these
+                self._open_complete = False
             finished = _finite(r.finished_total)
             arrived = finished + _finite(r.rejected_total) + _finite(r.running) + _finite(r.waiting)
             last = self._last.get(r.url)
@@ -248,10 +255,15 @@ class DemandTracker:
         if span >= self.bin_s - 1e-9:
             self._bins.append((now, self._open_count / span))
             self._util_bins.append((now, self._open_util, self._open_n))
+            if not self._open_complete:
+                self._incomplete.append(now)
             self._open_t, self._open_count, self._open_util, self._open_n = now, 0.0, 0.0, 0.0
+            self._open_complete = True
             while self._bins and self._bins[0][0] <= now - self.config.history_s:
                 self._bins.popleft()
                 self._util_bins.popleft()
+            while self._incomplete and self._incomplete[0] <= now - self.config.history_s:
+                self._incomplete.popleft()
 
     def provisional_capacity(self, now: float) -> float | None:
         """Offered rate over the replicas' KV-read utilization (``kv_utilization``), on the calm window;
@@ -287,10 +299,11 @@ class DemandTracker:
 
     def estimate(self, now: float, capacity_rps: float | None = None,
                  startup_s: float | None = None) -> DemandEstimate | None:
-        """None until two bins of arrivals are known (a rate needs an interval)."""
+        """None until two bins of arrivals are known (a rate needs an interval), and while the window holds
+        a bin where some replica exported no finished counter."""
         c = self.config
         rates = [(t, r) for t, r in self._bins if t > now - c.history_s]
-        if len(rates) < 2:
+        if len(rates) < 2 or any(t > now - c.history_s for t in self._incomplete):
             return None
         calm = [r for t, r in rates if t > now - c.calm_window_s] or [rates[-1][1]]
         burst = [r for t, r in rates if t > now - c.burst_window_s] or [rates[-1][1]]

@@ -234,3 +234,12 @@ def test_a_data_parallel_pod_is_scored_by_its_fullest_engine() -> None:
     assert c.queue == pytest.approx(40 / 100)
     single = composite([ReplicaInput(waiting=40, running=800, kv_usage=0.63)], ScoringParams())
     assert single.value < c.value
+
+
+def test_a_replica_without_a_finished_counter_makes_the_offered_load_unknown_not_low() -> None:
+    tr = DemandTracker(5.0)
+    t = feed(tr, [20.0] * 20)
+    assert tr.estimate(t) is not None
+    tr.observe(t + 5, ["r0", "r1"], [counters("r0", 1000.0), ReplicaCounters("r1", None, None, 3, 40, 0.3)])
+    tr.observe(t + 10, ["r0", "r1"], [counters("r0", 1050.0), ReplicaCounters("r1", None, None, 3, 45, 0.3)])
+    assert tr.estimate(t + 10) is None  # the rate term steps aside; the pressure side still scores r1
