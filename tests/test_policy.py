@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from scaler.demand import DemandEstimate
 from scaler.errors import NoFreshData
 from scaler.policy import IN_FLIGHT_FLOOR, ReplicaInput, ScoringParams, composite
 
@@ -164,3 +165,34 @@ def test_incoming_keeps_monotonicity(replicas: list[ReplicaInput], incoming: int
     bumped = list(replicas)
     bumped[i] = ReplicaInput(**{**_fields(replicas[i]), "waiting": (replicas[i].waiting or 0) + 50})
     assert composite(bumped, P, incoming).value >= base
+
+
+def _estimate(need: float, capacity: float | None) -> DemandEstimate:
+    return DemandEstimate(offered_rps=need, recent_rps=need, spread_rps=0.0, growth_rps=0.0, need_rps=need,
+                          capacity_rps=capacity, capacity_source="configured" if capacity else "unknown",
+                          capacity_samples=0, startup_s=180.0, startup_source="default")
+
+
+@given(st.lists(replica, min_size=1, max_size=8), st.floats(0, 1e4), st.floats(0, 1e4),
+       st.one_of(st.none(), st.floats(0.1, 100)), st.floats(0.1, 1.0))
+def test_the_rate_term_only_raises_the_composite_and_is_monotone_in_offered_load(
+        replicas: list[ReplicaInput], need: float, more: float, capacity: float | None, util: float) -> None:
+    """Successor of (b) and (f): the demand can never read a fleet lower than its pressure side (missing
+    or low arrival counts never become low load), and more offered load never asks for fewer replicas."""
+    if all(r.expired for r in replicas):
+        replicas[0] = ReplicaInput(**{**_fields(replicas[0]), "expired": False})
+    p = ScoringParams(target_utilization=util)
+    without = composite(replicas, p)
+    low = composite(replicas, p, demand=_estimate(need, capacity))
+    high = composite(replicas, p, demand=_estimate(need + more, capacity))
+    assert low.value >= without.value and high.value >= low.value
+    if capacity is not None:
+        assert low.value == round(max(without.pressure, need / (capacity * util)), 3)
+
+
+def test_a_successor_planned_demand_at_n_capacities_reads_n() -> None:
+    """(a) for the rate term: planned demand of exactly N replicas at target utilization reads N."""
+    for n in (1, 3, 8, 64):
+        quiet = [ReplicaInput(waiting=0, running=10, kv_usage=0.05) for _ in range(n)]
+        c = composite(quiet, ScoringParams(target_utilization=0.9), demand=_estimate(n * 12.0 * 0.9, 12.0))
+        assert c.value == pytest.approx(n) and c.dominant == "rate"
