@@ -117,10 +117,15 @@ class DemandEstimate:
     startup_source: str  # "configured" | "learned" | "default"
 
     def replicas(self, target_utilization: float) -> float | None:
-        """Replica-equivalents the need asks for, each replica planned at ``target_utilization``."""
-        if self.capacity_rps is None or self.capacity_rps <= 0:
+        """Replica-equivalents the need asks for, each replica planned at ``target_utilization``; None
+        when there is no usable capacity (never a division by zero or an infinite answer)."""
+        if self.capacity_rps is None:
             return None
-        return self.need_rps / (self.capacity_rps * target_utilization)
+        per_replica = self.capacity_rps * target_utilization
+        if not (math.isfinite(per_replica) and per_replica > 0):
+            return None
+        value = self.need_rps / per_replica
+        return value if math.isfinite(value) else None
 
 
 def kv_utilization(kv: float) -> float:
@@ -153,15 +158,39 @@ def is_saturated(waiting: float, prev_waiting: float, running: float, kv_usage_m
 @dataclass
 class _Last:
     t: float
-    arrived: float
     finished: float
+    rejected: float
+    in_flight: float
     waiting: float
     running: float
     preemptions: float | None
 
 
-def _finite(x: float | None) -> float:
+@dataclass
+class _Bin:
+    end: float
+    span: float
+    arrivals: float  # scaled to the whole fleet (see _add_arrivals)
+    counted: float  # arrivals at the replicas counted, unscaled
+    util_s: float  # sum over the counted replicas of kv_utilization x seconds
+    replica_s: float  # counted replica-seconds
+    complete: bool
+
+    @property
+    def rate(self) -> float:
+        return self.arrivals / self.span
+
+
+def _count(x: float | None) -> float | None:
+    """A counter's value, or None when it is missing, negative or not a number (never a 0 reading)."""
+    return x if x is not None and math.isfinite(x) and x >= 0 else None
+
+
+def _gauge(x: float | None) -> float:
     return x if x is not None and math.isfinite(x) and x > 0 else 0.0
+
+
+SAMPLE_MAX_AGE_S: Final = 3600.0  # a capacity reading older than this no longer describes the mix
 
 
 class DemandTracker:
@@ -171,20 +200,16 @@ class DemandTracker:
         # demos) gets bins of four scrapes rather than a 10 s wait
         self.bin_s = max(scrape_interval, min(BIN_S, 4 * scrape_interval))
         self._last: dict[str, _Last] = {}
-        self._bins: deque[tuple[float, float]] = deque()  # (bin end, arrivals/s in the bin)
-        self._open_t: float | None = None
-        self._open_count = 0.0
-        self._capacity: deque[float] = deque(maxlen=CAPACITY_SAMPLES)
+        self._bins: deque[_Bin] = deque()
+        self._capacity: deque[tuple[float, str, float]] = deque(maxlen=CAPACITY_SAMPLES)  # (t, url, req/s)
         self._startups: deque[float] = deque(maxlen=STARTUP_SAMPLES)
         self._pending_starts: deque[float] = deque()
-        self._starting = 0
+        self._starting: int | None = None
         self._members: set[str] | None = None
         self._prev_t: float | None = None
-        self._open_util = 0.0  # sum over the bin of (sum of replicas' kv_utilization) x seconds
-        self._open_n = 0.0
-        self._util_bins: deque[tuple[float, float, float]] = deque()  # (bin end, util-seconds, replica-seconds)
-        self._open_complete = True
-        self._incomplete: deque[float] = deque()  # ends of bins where some replica had no finished counter
+        self._open_t: float | None = None
+        self._open = _Bin(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, True)
+        self._open_member_s = 0.0
 
     # -- input -----------------------------------------------------------------------------------
     def observe(self, now: float, members: Iterable[str], replicas: Iterable[ReplicaCounters],
@@ -194,45 +219,52 @@ class DemandTracker:
         members = set(members)
         appeared = 0 if self._members is None else len(members - self._members)
         self._members = members
-        arrivals = 0.0
-        util = 0.0
-        counted = 0
+        if self._prev_t is not None and now <= self._prev_t:
+            return  # the clock did not move: nothing to count over
+        arrivals = util = covered_s = 0.0
         seen: set[str] = set()
         for r in replicas:
             seen.add(r.url)
-            if r.finished_total is None:
+            finished, rejected = _count(r.finished_total), _count(r.rejected_total)
+            if finished is None:
                 # without a finished counter its arrivals cannot be told from its batch changing: the
-                # fleet's offered load is unknown (not low) until the window holds none of these
-                self._open_complete = False
-            finished = _finite(r.finished_total)
-            arrived = finished + _finite(r.rejected_total) + _finite(r.running) + _finite(r.waiting)
+                # fleet's offered load is unknown (not low) until the window holds no such bin
+                self._open.complete = False
+                continue
+            rejected = rejected or 0.0
+            waiting, running = _gauge(r.waiting), _gauge(r.running)
+            in_flight = waiting + running
             last = self._last.get(r.url)
-            self._last[r.url] = _Last(now, arrived, finished, _finite(r.waiting), _finite(r.running),
-                                      r.preemptions_total)
+            self._last[r.url] = _Last(now, finished, rejected, in_flight, waiting, running, r.preemptions_total)
             if last is None:
                 continue
             dt = now - last.t
-            if dt <= 0:
-                continue
-            # a drop is a restart: what is there now arrived since
-            arrivals += arrived - last.arrived if arrived >= last.arrived else arrived
-            util += kv_utilization(_finite(r.kv_usage_max))
-            counted += 1
+            if finished < last.finished or rejected < last.rejected:
+                came = finished + rejected + in_flight  # the engine restarted: all of it arrived since
+            else:
+                # a request cancelled without being counted shrinks the batch: never below zero
+                came = max(0.0, finished - last.finished + rejected - last.rejected + in_flight - last.in_flight)
+            arrivals += came
+            covered_s += dt
+            kv = r.kv_usage_max
+            if kv is not None and math.isfinite(kv):
+                util += kv_utilization(kv) * dt
             preempted = (r.preemptions_total is not None and last.preemptions is not None
                          and r.preemptions_total > last.preemptions)
-            if r.finished_total is not None and finished >= last.finished and is_saturated(
-                    _finite(r.waiting), last.waiting, _finite(r.running), _finite(r.kv_usage_max), preempted):
-                # requests taken into the batch: finished, plus the growth of the batch itself
-                admitted = finished - last.finished + _finite(r.running) - last.running
-                self._capacity.append(max(0.0, admitted) / dt)
+            took = finished - last.finished + running - last.running  # finished + growth of the batch
+            if finished > last.finished and is_saturated(waiting, last.waiting, running, _gauge(kv), preempted):
+                self._capacity.append((now, r.url, max(0.0, took) / dt))
         for gone in set(self._last) - seen:
-            # gone, or this scrape failed: the next good one starts a new interval rather than
-            # dumping a gap's arrivals into one bin
+            # gone, or this scrape failed: the next good one starts a new interval rather than dumping
+            # the gap's arrivals into one bin (the bin's coverage scales for the replicas not counted)
             del self._last[gone]
         self._track_startups(now, starting, appeared)
-        self._add_arrivals(now, arrivals, util, counted)
+        self._add_arrivals(now, arrivals, util, covered_s, len(members))
 
     def _track_startups(self, now: float, starting: int, appeared: int) -> None:
+        if self._starting is None:  # first cycle: those already starting began at an unknown time
+            self._starting = starting
+            return
         for _ in range(max(0, starting - self._starting)):
             self._pending_starts.append(now)
         for _ in range(appeared):
@@ -243,49 +275,53 @@ class DemandTracker:
             self._pending_starts.pop()
         self._starting = starting
 
-    def _add_arrivals(self, now: float, arrivals: float, util: float, counted: int) -> None:
+    def _add_arrivals(self, now: float, arrivals: float, util_s: float, covered_s: float, members: int) -> None:
         if self._open_t is None or self._prev_t is None:
             self._open_t = self._prev_t = now
             return  # the first scrape has no interval behind it
         dt, self._prev_t = now - self._prev_t, now
-        self._open_count += arrivals
-        self._open_util += util * dt
-        self._open_n += counted * dt
+        b = self._open
+        b.arrivals += arrivals
+        b.counted += arrivals
+        b.util_s += util_s
+        b.replica_s += covered_s
+        self._open_member_s += members * dt
         span = now - self._open_t
-        if span >= self.bin_s - 1e-9:
-            self._bins.append((now, self._open_count / span))
-            self._util_bins.append((now, self._open_util, self._open_n))
-            if not self._open_complete:
-                self._incomplete.append(now)
-            self._open_t, self._open_count, self._open_util, self._open_n = now, 0.0, 0.0, 0.0
-            self._open_complete = True
-            while self._bins and self._bins[0][0] <= now - self.config.history_s:
-                self._bins.popleft()
-                self._util_bins.popleft()
-            while self._incomplete and self._incomplete[0] <= now - self.config.history_s:
-                self._incomplete.popleft()
+        if span < self.bin_s - 1e-9:
+            return
+        b.end, b.span = now, span
+        if self._open_member_s > 0:
+            if b.replica_s <= 0:
+                b.complete = False  # members and not one counted interval: unknown, not idle
+            else:
+                # replicas whose scrape failed (or first seen) carry the load the counted ones show per
+                # replica-second: a failing, overloaded replica must not read as no arrivals
+                b.arrivals *= self._open_member_s / b.replica_s
+        self._bins.append(b)
+        self._open_t, self._open, self._open_member_s = now, _Bin(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, True), 0.0
+        while self._bins and self._bins[0].end <= now - self.config.history_s:
+            self._bins.popleft()
 
     def provisional_capacity(self, now: float) -> float | None:
-        """Offered rate over the replicas' KV-read utilization (``kv_utilization``), on the calm window;
-        None while the fleet is too idle for KV to say anything."""
-        window = [(r, u, n) for (t, r), (_, u, n) in zip(self._bins, self._util_bins, strict=True)
-                  if t > now - self.config.calm_window_s]
-        util_s = math.fsum(u for _, u, _ in window)
-        replica_s = math.fsum(n for _, _, n in window)
+        """Offered requests over the replicas' KV-read utilization-seconds (``kv_utilization``), on the
+        calm window; None while the fleet is too idle for KV to say anything."""
+        window = [b for b in self._bins if b.end > now - self.config.calm_window_s and b.complete]
+        util_s = math.fsum(b.util_s for b in window)
+        replica_s = math.fsum(b.replica_s for b in window)
         if replica_s <= 0 or util_s / replica_s < MIN_PROVISIONAL_UTILIZATION:
             return None
-        if not any(r > 0 for r, _, _ in window):
+        counted = math.fsum(b.counted for b in window)
+        if counted <= 0:
             return None  # KV in use and nothing arriving (a stuck engine): no reading, not a capacity of 0
-        seconds = len(window) * self.bin_s  # bins are at least bin_s long: close enough for a prior
-        arrivals = math.fsum(r for r, _, _ in window) * self.bin_s
-        return arrivals / seconds / (util_s / seconds)
+        return counted / util_s
 
     # -- output ----------------------------------------------------------------------------------
     def capacity(self, configured: float | None, now: float | None = None) -> tuple[float | None, str]:
         if configured is not None:
             return configured, "configured"
-        if len(self._capacity) >= MIN_CAPACITY_SAMPLES:
-            return statistics.median(self._capacity), "learned"
+        fresh = [c for t, _, c in self._capacity if now is None or t > now - SAMPLE_MAX_AGE_S]
+        if len(fresh) >= MIN_CAPACITY_SAMPLES and (learned := statistics.median(fresh)) > 0:
+            return learned, "learned"
         if now is not None and (prior := self.provisional_capacity(now)) is not None:
             return prior, "provisional"
         return None, "unknown"
@@ -302,9 +338,10 @@ class DemandTracker:
         """None until two bins of arrivals are known (a rate needs an interval), and while the window holds
         a bin where some replica exported no finished counter."""
         c = self.config
-        rates = [(t, r) for t, r in self._bins if t > now - c.history_s]
-        if len(rates) < 2 or any(t > now - c.history_s for t in self._incomplete):
+        window = [b for b in self._bins if b.end > now - c.history_s]
+        if len(window) < 2 or not all(b.complete for b in window):
             return None
+        rates = [(b.end, b.rate) for b in window]
         calm = [r for t, r in rates if t > now - c.calm_window_s] or [rates[-1][1]]
         burst = [r for t, r in rates if t > now - c.burst_window_s] or [rates[-1][1]]
         offered = math.fsum(calm) / len(calm)

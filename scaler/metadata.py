@@ -147,10 +147,21 @@ def _number(meta: Mapping[str, str], key: str, lo: float, hi: float, *, lo_open:
 
 
 def _optional(meta: Mapping[str, str], key: str, lo: float, hi: float) -> float | None:
-    """An optional positive number: absent or empty means "learn it" (or "off")."""
+    """An optional number in [lo, hi]: absent or empty means "learn it" (or "off")."""
     if not meta.get(key, "").strip():
         return None
-    return _number(meta, key, lo, hi, lo_open=True)
+    return _number(meta, key, lo, hi)
+
+
+def _demand_window(meta: Mapping[str, str], interval: float) -> float:
+    bins = max(interval, min(10.0, 4 * interval))  # scaler.demand's bin for this scrape interval
+    if not meta.get("demandWindow", "").strip():  # the default, long enough for any scrape interval
+        return max(float(DEFAULTS["demandWindow"]), 3 * bins)
+    window = _number(meta, "demandWindow", 5.0, 3600.0)
+    if window < 3 * bins:
+        raise BadMetadata("demandWindow", f"{window:g}s holds fewer than 3 arrival bins of {bins:g}s at "
+                          f"scrapeInterval {interval:g}s", f"a number of seconds >= {3 * bins:g}")
+    return window
 
 
 def _choice(meta: Mapping[str, str], key: str, choices: tuple[str, ...]) -> str:
@@ -265,12 +276,12 @@ def parse_trigger(
         scoring=ScoringParams(
             target_kv_usage=_number(meta, "targetKvUsage", 0.0, 1.0, lo_open=True),
             target_queue_depth=_number(meta, "targetQueueDepth", 0.0, 1e6, lo_open=True),
-            target_utilization=_number(meta, "targetUtilization", 0.0, 1.0, lo_open=True),
-            replica_capacity=_optional(meta, "replicaCapacity", 0.0, 1e6),
-            startup_s=_optional(meta, "startupSeconds", 0.0, 86400.0),
-            ttft_slo_s=_optional(meta, "ttftSloSeconds", 0.0, 3600.0),
+            target_utilization=_number(meta, "targetUtilization", 0.05, 1.0),
+            replica_capacity=_optional(meta, "replicaCapacity", 0.001, 1e6),
+            startup_s=_optional(meta, "startupSeconds", 1.0, 86400.0),
+            ttft_slo_s=_optional(meta, "ttftSloSeconds", 0.01, 3600.0),
             ttft_slo_quantile=_number(meta, "ttftSloQuantile", 0.5, 0.999),
-            demand_window_s=_number(meta, "demandWindow", 5.0, 3600.0),
+            demand_window_s=_demand_window(meta, interval),
         ),
         activation_threshold=_number(meta, "activationThreshold", 0.0, 1e9),
         target_value=_number(meta, "targetValue", 0.001, 1e9),
@@ -284,6 +295,8 @@ def metadata_hints(meta: Mapping[str, str]) -> list[str]:
     """Human hints for keys that are probably mistakes; the keys themselves are ignored."""
     hints = []
     lowered = {k.lower(): k for k in KNOWN_KEYS}
+    if meta.get("ttftSloQuantile", "").strip() and not meta.get("ttftSloSeconds", "").strip():
+        hints.append("ttftSloQuantile: has no effect without ttftSloSeconds")
     for key in sorted(meta):
         if key in KNOWN_KEYS or key in KEDA_KEYS or key.endswith("FromEnv"):
             continue

@@ -15,16 +15,17 @@ Per replica i (``kvT`` = targetKvUsage, ``qT`` = targetQueueDepth)::
 
     pressure  = sum(d_i)                      replicas summed in a fixed (URL) order
     if any replica is rejecting: pressure = max(pressure, N + sum(reject_i))
-    rate      = need / (capacity x targetUtilization)     (``scaler.demand``; absent until a capacity
-                                              is configured or learned)
+    rate      = need / (capacity x targetUtilization)     (``scaler.demand``; absent while no capacity
+                                              is configured, learned or read from KV)
     composite = max(pressure, rate)
-    with ttftSloSeconds: fleet TTFT quantile > SLO       -> composite >= max(N + 1, 1.25 N)
+    with ttftSloSeconds: fleet TTFT quantile > SLO and composite >= 0.8 N -> composite >= max(N + 1, 1.25 N)
                          fleet TTFT quantile > 0.8 x SLO -> composite >= N   (no scale-down near the SLO)
     composite is rounded to 0.001 (KEDA's and the HPA's resolution)
 
 The rate term is the demand: requests offered to the fleet (with headroom for their spread and their
 growth over one replica start-up) in replicas planned at ``targetUtilization`` of their capacity. It is
-linear in load and does not depend on how many replicas there are, so it cannot feed back on itself.
+linear in load, and once the capacity is configured or learned it does not depend on how many replicas
+there are, so it cannot feed back on itself (a capacity read from KV is a reading of the replicas).
 The pressure terms are the guard for when the capacity is unknown or wrong: KV, queue and rejects.
 
 On data-parallel pods (several engines behind one endpoint) the fullest engine's KV counts, and the
@@ -127,7 +128,7 @@ class Composite:
     assumed: float  # demand added by replicas counted as at-target for lack of data
     dominant: str  # why: reject | slo | rate | load | queue | assumed | idle (see ``composite``)
     pressure: float = 0.0  # the KV + queue + reject side, before the rate term
-    rate: float | None = None  # replicas the offered load asks for (None: no capacity yet)
+    rate: float | None = None  # replicas the offered load asks for (None: no usable capacity or load)
     slo_floor: float | None = None  # the TTFT guardrail's floor, when it applies
     demand: DemandEstimate | None = None
 
@@ -181,11 +182,15 @@ def with_incoming(excess: float, incoming: int) -> float:
     return max(excess - incoming, float(incoming))
 
 
-def slo_floor(ttft_quantile_s: float | None, replicas: int, p: ScoringParams) -> float | None:
-    """The TTFT guardrail: more replicas when the fleet breaches the SLO, none fewer when it is near."""
-    if p.ttft_slo_s is None or ttft_quantile_s is None or replicas <= 0:
+def slo_floor(ttft_quantile_s: float | None, replicas: int, p: ScoringParams,
+              signals: float = math.inf) -> float | None:
+    """The TTFT guardrail: none fewer replicas when the fleet is near or above its SLO, and more when it
+    breaches it while the other signals say it is nearly full (``signals`` >= 0.8 N: the breach is about
+    capacity). A breach they do not corroborate (long prompts, a slow node) holds the fleet rather than
+    ratcheting it up with every replica that becomes ready."""
+    if p.ttft_slo_s is None or ttft_quantile_s is None or not math.isfinite(ttft_quantile_s) or replicas <= 0:
         return None
-    if ttft_quantile_s > p.ttft_slo_s:
+    if ttft_quantile_s > p.ttft_slo_s and signals >= SLO_HOLD_SHARE * replicas:
         return max(replicas + 1.0, SLO_BREACH_FACTOR * replicas)
     if ttft_quantile_s > SLO_HOLD_SHARE * p.ttft_slo_s:
         return float(replicas)
@@ -203,7 +208,7 @@ def composite(replicas: Sequence[ReplicaInput], p: ScoringParams, incoming: int 
     if not replicas:
         # Nothing ready: zero, unless replicas are starting (then hold them: no data says otherwise).
         value = float(incoming)
-        return Composite(value, 0, 0, 0.0, 0.0, 0.0, value, "assumed" if incoming else "idle")
+        return Composite(value, 0, 0, 0.0, 0.0, 0.0, value, "assumed" if incoming else "idle", pressure=value)
     expired = sum(1 for r in replicas if r.expired)
     if expired == len(replicas):
         raise NoFreshData(f"no fresh data from any of {len(replicas)} replicas")
@@ -226,14 +231,14 @@ def composite(replicas: Sequence[ReplicaInput], p: ScoringParams, incoming: int 
     rate = demand.replicas(p.target_utilization) if demand is not None else None
     if rate is not None:
         total = max(total, rate)
-    floor = slo_floor(ttft_quantile_s, len(scores), p)
+    floor = slo_floor(ttft_quantile_s, len(scores), p, total)
     if floor is not None:
         total = max(total, floor)
     if total <= 0:
         dominant = "idle"
     elif any(s.rejecting for s in scores):
         dominant = "reject"  # rejects also lift load to 1: they are the reason either way
-    elif floor is not None and floor >= total and floor > max(pressure, rate or 0.0):
+    elif floor is not None and floor > max(pressure, rate or 0.0):
         dominant = "slo"
     elif rate is not None and rate >= pressure:
         dominant = "rate"

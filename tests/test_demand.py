@@ -41,18 +41,56 @@ def test_offered_rate_counts_finished_refused_and_in_flight() -> None:
     assert est.recent_rps == pytest.approx((4.1 + 2.0) / 2)
 
 
-def test_a_restart_counts_what_is_there_and_a_failed_scrape_starts_a_new_interval() -> None:
+def test_a_restart_counts_what_is_there_and_a_cancel_is_not_a_restart() -> None:
     tr = DemandTracker(10.0)
-    tr.observe(0.0, ["a"], [counters("a", 1000.0)])
-    tr.observe(10.0, ["a"], [counters("a", 1050.0)])  # 5/s
+    tr.observe(0.0, ["a"], [counters("a", 1000.0, running=1)])
+    tr.observe(10.0, ["a"], [counters("a", 1050.0, running=1)])  # 5/s
     tr.observe(20.0, ["a"], [counters("a", 30.0, running=10)])  # restarted: 40 since
-    tr.observe(30.0, ["a"], [])  # scrape failed
-    tr.observe(40.0, ["a"], [counters("a", 500.0)])  # no interval behind it: not 470 in one bin
-    tr.observe(50.0, ["a"], [counters("a", 520.0)])
-    est = tr.estimate(50.0)
+    tr.observe(30.0, ["a"], [counters("a", 30.0, running=0)])  # 10 cancelled, none counted: 0, not 1e6
+    est = tr.estimate(30.0)
     assert est is not None
-    # bins: 5.0, 4.0, 0 (failed), 0 (first sight again), 2.0
-    assert est.offered_rps == pytest.approx((5.0 + 4.0 + 0.0 + 0.0 + 2.0) / 5)
+    assert est.offered_rps == pytest.approx((5.0 + 4.0 + 0.0) / 3)
+
+
+def test_non_finite_or_negative_counters_are_unknown_not_a_restart() -> None:
+    tr = DemandTracker(10.0)
+    tr.observe(0.0, ["a"], [counters("a", 1e6)])
+    tr.observe(10.0, ["a"], [counters("a", 1e6 + 10)])
+    tr.observe(20.0, ["a"], [counters("a", float("nan"))])
+    tr.observe(30.0, ["a"], [counters("a", 1e6 + 30)])
+    assert tr.estimate(30.0) is None  # a bin without a usable counter: unknown, not 1e6 arrivals
+    tr.observe(40.0, ["a"], [counters("a", -5.0)])
+    assert tr.estimate(40.0) is None
+
+
+def test_failed_scrapes_do_not_read_as_no_arrivals() -> None:
+    """Two replicas at 10 req/s each; one fails every other scrape. The counted replica-seconds stand for
+    the whole fleet's: 20 req/s, not 10. A fleet whose only replica fails has no reading at all."""
+    tr = DemandTracker(10.0)
+    done = {"a": 0.0, "b": 0.0}
+    t = 0.0
+    tr.observe(t, ["a", "b"], [counters(u, 0.0) for u in "ab"])
+    for k in range(1, 31):
+        t += 10.0
+        done["a"] += 100.0
+        done["b"] += 100.0
+        answered = ["a"] if k % 2 else ["a", "b"]
+        tr.observe(t, ["a", "b"], [counters(u, done[u]) for u in answered])
+    est = tr.estimate(t)
+    assert est is not None and est.offered_rps == pytest.approx(20.0, rel=0.05)
+    alone = DemandTracker(10.0)
+    alone.observe(0.0, ["a"], [counters("a", 0.0)])
+    alone.observe(10.0, ["a"], [counters("a", 100.0)])
+    alone.observe(20.0, ["a"], [counters("a", 200.0)])
+    alone.observe(30.0, ["a"], [])
+    assert alone.estimate(30.0) is None
+
+
+def test_a_stuck_replica_does_not_teach_a_capacity_of_zero() -> None:
+    tr = DemandTracker(5.0)
+    for k in range(10):  # KV full, a queue, nothing finishing
+        tr.observe(5.0 * k, ["a"], [counters("a", 500.0, waiting=50 + k, running=300, kv=0.99)])
+    assert tr.capacity(None, 50.0)[1] != "learned"
 
 
 def test_no_estimate_before_two_bins() -> None:
@@ -219,9 +257,14 @@ def test_slo_guardrail_raises_on_a_breach_and_holds_near_it() -> None:
     assert slo_floor(1.7, 8, p) == pytest.approx(8.0)  # above 0.8 x SLO: no scale-down
     assert slo_floor(1.0, 8, p) is None
     assert slo_floor(5.0, 8, ScoringParams()) is None  # no SLO configured: off
-    fleet = [ReplicaInput(waiting=0, running=10, kv_usage=0.1) for _ in range(8)]
-    c = composite(fleet, p, ttft_quantile_s=2.5)
+    assert slo_floor(2.5, 8, p, signals=3.0) == pytest.approx(8.0)  # not about capacity: hold, no ratchet
+    assert slo_floor(float("nan"), 8, p) is None
+    busy = [ReplicaInput(waiting=0, running=100, kv_usage=0.7) for _ in range(8)]
+    c = composite(busy, p, ttft_quantile_s=2.5)
     assert c.value == pytest.approx(10.0) and c.dominant == "slo" and c.slo_floor == pytest.approx(10.0)
+    quiet = [ReplicaInput(waiting=0, running=10, kv_usage=0.1) for _ in range(8)]
+    c = composite(quiet, p, ttft_quantile_s=2.5)
+    assert c.value == pytest.approx(8.0) and c.dominant == "slo"  # a breach the load does not explain
 
 
 def test_a_data_parallel_pod_is_scored_by_its_fullest_engine() -> None:

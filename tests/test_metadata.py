@@ -117,3 +117,31 @@ def test_registry_logs_hints_once_per_metadata() -> None:
             registry.config_for("serving", "llm", {**BASE, "metricType": "Value"})
     hints = [e for e in logs if e["event"] == "metadata_hint"]
     assert len(hints) == 1 and "metricType" in hints[0]["hint"]
+
+
+def test_the_demand_keys_are_validated_naming_the_key() -> None:
+    from scaler.errors import BadMetadata
+    from scaler.metadata import metadata_hints, parse_trigger
+
+    base = {"endpoints": "http://10.0.0.7:8000"}
+    cfg = parse_trigger("ns", "so", {**base, "targetUtilization": "0.8", "replicaCapacity": "12.5",
+                                     "startupSeconds": "240", "ttftSloSeconds": "2", "ttftSloQuantile": "0.99",
+                                     "demandWindow": "600"})
+    s = cfg.scoring
+    assert (s.target_utilization, s.replica_capacity, s.startup_s, s.ttft_slo_s, s.ttft_slo_quantile,
+            s.demand_window_s) == (0.8, 12.5, 240.0, 2.0, 0.99, 600.0)
+    defaults = parse_trigger("ns", "so", base).scoring
+    assert (defaults.target_utilization, defaults.replica_capacity, defaults.startup_s, defaults.ttft_slo_s) == (
+        0.9, None, None, None)
+    for key, bad in (("targetUtilization", "0"), ("targetUtilization", "1e-300"), ("targetUtilization", "1.5"),
+                     ("replicaCapacity", "-1"), ("replicaCapacity", "nan"), ("replicaCapacity", "1e-300"),
+                     ("startupSeconds", "inf"), ("ttftSloSeconds", "fast"), ("ttftSloQuantile", "1"),
+                     ("demandWindow", "5")):
+        with pytest.raises(BadMetadata) as err:
+            parse_trigger("ns", "so", {**base, key: bad})
+        assert key in str(err.value)
+    with pytest.raises(BadMetadata, match="demandWindow"):  # fewer than 3 bins at a 300 s scrape
+        parse_trigger("ns", "so", {**base, "scrapeInterval": "300", "scrapeTimeout": "2", "demandWindow": "600"})
+    slow = parse_trigger("ns", "so", {**base, "scrapeInterval": "300", "scrapeTimeout": "2"})
+    assert slow.scoring.demand_window_s == 900.0  # the default stretches to 3 bins rather than failing
+    assert any("ttftSloSeconds" in h for h in metadata_hints({**base, "ttftSloQuantile": "0.9"}))
