@@ -10,7 +10,11 @@ are linear in load on both sides of the knee, and cost one counter and two gauge
     arrived_total = finished_total + rejected_total + running + waiting
 
 grows by exactly the requests that reached the replica (a request is in flight, finished or refused),
-whatever the batch does; a drop is a restart (``CounterWindow``'s rule: the new value is the increase).
+whatever the batch does. Counted as deltas: a restart is a counter going down (then all of it arrived
+since); a request cancelled without being counted shrinks the batch and never makes arrivals negative;
+a missing, negative or non-finite counter makes the bin unknown (no estimate), never low. A replica
+whose scrape failed is made up by the ones that answered, per replica-second; a bin where no member
+answered is unknown.
 
 From the fleet's arrivals per bin of ``bin_s`` seconds (10 s at the default 5 s scrape interval):
 
@@ -34,7 +38,9 @@ A replica's capacity (requests/s it serves within the SLO), in order of preceden
 * learned: a replica that keeps a queue while its KV pool is full or it preempts is past its knee, and
   the rate at which it takes requests into its batch then (finished + growth of the running batch) is
   what it can serve — on the engines' step model the knee is a cliff, and throughput past it is within
-  3 % of the rate at the SLO. The median of the last CAPACITY_SAMPLES such readings;
+  3 % of the rate at the SLO. The median of the last CAPACITY_SAMPLES such readings with requests
+  finishing (a stuck engine teaches nothing), none older than SAMPLE_MAX_AGE_S; spread needs 3 bins of
+  the calm window and growth 6 of the trend window;
 * provisional, before any replica has been past its knee: the offered rate over the replicas' KV-read
   utilization (``kv_utilization``), on the calm window;
 * unknown (an idle fleet): no rate term, the pressure side alone.

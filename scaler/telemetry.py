@@ -83,7 +83,8 @@ class _TargetCollector(Collector):
                          "flight, per second), mean over the calm window")
         planned = family("planned_requests_per_second", "The demand the rate term plans for: offered + growth "
                          "over one start-up + headroom for the spread")
-        spread = family("demand_spread_requests_per_second", "Robust standard deviation of 10 s arrival rates")
+        spread = family("demand_spread_requests_per_second",
+                        "Robust standard deviation of the arrival bins' rates (10 s bins at a 5 s scrape)")
         growth = family("demand_growth_requests_per_second", "Offered-load growth projected over one start-up")
         capacity = family("replica_capacity_requests_per_second", "Requests/s one replica serves within the SLO "
                           "(configured, learned past the knee, or provisional from KV)", ("source",))
