@@ -51,7 +51,7 @@ DEFAULT_DEMAND_WINDOW_S = float(DEFAULTS["demandWindow"])
 # burst of +50 % at the top, and the evening ramp down.
 SEGMENTS: Sequence[tuple[float, float, float]] = (
     (0, 1.25, 2.0), (1.25, 2.5, 3.0), (2.5, 3.75, 4.0), (3.75, 5, 5.0), (5, 6, 6.0), (6, 6.5, 9.0), (6.5, 7.5, 5.0),
-    (7.5, 8.5, 3.0), (8.5, 12, 2.0))
+    (7.5, 8.5, 3.0), (8.5, 60, 2.0))  # the quiet tail goes on for --minutes beyond 12
 TRACE_OFFSET_S = 600.0
 
 
