@@ -17,7 +17,7 @@ Per replica i (``kvT`` = targetKvUsage, ``qT`` = targetQueueDepth)::
     if any replica is rejecting: pressure = max(pressure, N + sum(reject_i))
     rate      = need / (capacity x targetUtilization)     (``scaler.demand``; absent while no capacity
                                               is configured, learned or read from KV)
-    composite = max(pressure, rate)
+    composite = max(pressure, rate)          (pressure alone when it is 0: nothing in flight anywhere)
     with ttftSloSeconds: fleet TTFT quantile > SLO and composite >= 0.8 N -> composite >= max(N + 1, 1.25 N)
                          fleet TTFT quantile > 0.8 x SLO -> composite >= N   (no scale-down near the SLO)
     composite is rounded to 0.001 (KEDA's and the HPA's resolution)
@@ -229,7 +229,9 @@ def composite(replicas: Sequence[ReplicaInput], p: ScoringParams, incoming: int 
     }
     pressure = total
     rate = demand.replicas(p.target_utilization) if demand is not None else None
-    if rate is not None:
+    if rate is not None and pressure > 0:
+        # sizing for the load there is: a fleet with nothing in flight anywhere reads idle (IsActive
+        # false, property h's converse), not busy for as long as the last 5 minutes' mean lasts
         total = max(total, rate)
     floor = slo_floor(ttft_quantile_s, len(scores), p, total)
     if floor is not None:

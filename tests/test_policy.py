@@ -186,8 +186,10 @@ def test_the_rate_term_only_raises_the_composite_and_is_monotone_in_offered_load
     low = composite(replicas, p, demand=_estimate(need, capacity))
     high = composite(replicas, p, demand=_estimate(need + more, capacity))
     assert low.value >= without.value and high.value >= low.value
-    if capacity is not None:
+    if capacity is not None and without.pressure > 0:
         assert low.value == round(max(without.pressure, need / (capacity * util)), 3)
+    if without.pressure == 0:
+        assert low.value == without.value  # an idle fleet stays idle: the last minutes' mean is not load now
 
 
 def test_a_successor_planned_demand_at_n_capacities_reads_n() -> None:
