@@ -192,8 +192,15 @@ def _count(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) and x >= 0 else None
 
 
-def _gauge(x: float | None) -> float:
+def nonneg(x: float | None) -> float:
+    """A gauge's value, 0 when it is missing, negative or not a number (a gauge, not a counter)."""
     return x if x is not None and math.isfinite(x) and x > 0 else 0.0
+
+
+def bin_seconds(scrape_interval: float) -> float:
+    """The arrival bin at this scrape interval: 10 s at the default 5 s scrape; never shorter than a scrape,
+    and a sub-second scrape (tests, demos) gets bins of four scrapes rather than a 10 s wait."""
+    return max(scrape_interval, min(BIN_S, 4 * scrape_interval))
 
 
 SAMPLE_MAX_AGE_S: Final = 3600.0  # a capacity reading older than this no longer describes the mix
@@ -202,9 +209,7 @@ SAMPLE_MAX_AGE_S: Final = 3600.0  # a capacity reading older than this no longer
 class DemandTracker:
     def __init__(self, scrape_interval: float = 5.0, config: DemandConfig | None = None) -> None:
         self.config = config or DemandConfig()
-        # 10 s bins at the default 5 s scrape; never shorter than a scrape, and a sub-second scrape (tests,
-        # demos) gets bins of four scrapes rather than a 10 s wait
-        self.bin_s = max(scrape_interval, min(BIN_S, 4 * scrape_interval))
+        self.bin_s = bin_seconds(scrape_interval)
         self._last: dict[str, _Last] = {}
         self._bins: deque[_Bin] = deque()
         self._capacity: deque[tuple[float, str, float]] = deque(maxlen=CAPACITY_SAMPLES)  # (t, url, req/s)
@@ -238,7 +243,7 @@ class DemandTracker:
                 self._open.complete = False
                 continue
             rejected = rejected or 0.0
-            waiting, running = _gauge(r.waiting), _gauge(r.running)
+            waiting, running = nonneg(r.waiting), nonneg(r.running)
             in_flight = waiting + running
             last = self._last.get(r.url)
             self._last[r.url] = _Last(now, finished, rejected, in_flight, waiting, running, r.preemptions_total)
@@ -258,7 +263,7 @@ class DemandTracker:
             preempted = (r.preemptions_total is not None and last.preemptions is not None
                          and r.preemptions_total > last.preemptions)
             took = finished - last.finished + running - last.running  # finished + growth of the batch
-            if finished > last.finished and is_saturated(waiting, last.waiting, running, _gauge(kv), preempted):
+            if finished > last.finished and is_saturated(waiting, last.waiting, running, nonneg(kv), preempted):
                 self._capacity.append((now, r.url, max(0.0, took) / dt))
         for gone in set(self._last) - seen:
             # gone, or this scrape failed: the next good one starts a new interval rather than dumping

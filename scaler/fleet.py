@@ -148,8 +148,7 @@ def _sum_known(values: Iterable[float | None]) -> float | None:
     return math.fsum(known) if known else None
 
 
-def _quantile(q: float, deltas: list[Histogram]) -> float | None:
-    merged = Histogram.merge(deltas)
+def _quantile(q: float, merged: Histogram | None) -> float | None:
     return histogram_quantile(q, merged) if merged is not None else None
 
 
@@ -200,7 +199,8 @@ class FleetState:
         queue = [d for r in live if (d := self._replicas[r.url].queue_time.delta()) is not None]
         p = self.params
         demand: DemandEstimate | None = self.demand.estimate(now, p.replica_capacity, p.startup_s)
-        slo_q = _quantile(p.ttft_slo_quantile, ttft) if p.ttft_slo_s is not None else None
+        ttft_merged = Histogram.merge(ttft)
+        slo_q = _quantile(p.ttft_slo_quantile, ttft_merged) if p.ttft_slo_s is not None else None
         try:
             comp: Composite | None = composite([_policy_input(r) for r in reports], p, incoming, demand, slo_q)
             error = None
@@ -215,6 +215,6 @@ class FleetState:
             kv_usage=(math.fsum(r.signals.kv_usage for r in live if r.signals) / len(live)) if live else None,
             reject_rate=_sum_known(r.reject_rate for r in live),
             preemption_rate=_sum_known(r.preemption_rate for r in live),
-            ttft_p95_s=_quantile(0.95, ttft),
-            queue_time_p95_s=_quantile(0.95, queue),
+            ttft_p95_s=_quantile(0.95, ttft_merged),
+            queue_time_p95_s=_quantile(0.95, Histogram.merge(queue)),
         )

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
+from scaler.demand import bin_seconds
 from scaler.engines import ENGINE_CHOICES
 from scaler.errors import BadMetadata
 from scaler.policy import ScoringParams
@@ -154,7 +155,7 @@ def _optional(meta: Mapping[str, str], key: str, lo: float, hi: float) -> float 
 
 
 def _demand_window(meta: Mapping[str, str], interval: float) -> float:
-    bins = max(interval, min(10.0, 4 * interval))  # scaler.demand's bin for this scrape interval
+    bins = bin_seconds(interval)
     if not meta.get("demandWindow", "").strip():  # the default, long enough for any scrape interval
         return max(float(DEFAULTS["demandWindow"]), 3 * bins)
     window = _number(meta, "demandWindow", 5.0, 3600.0)

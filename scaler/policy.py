@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from scaler.demand import DemandEstimate
+from scaler.demand import DemandEstimate, nonneg
 from scaler.errors import NoFreshData
 
 __all__ = [
@@ -136,28 +136,24 @@ class Composite:
         return self.value > activation_threshold
 
 
-def _nonneg(x: float | None) -> float:
-    return x if x is not None and math.isfinite(x) and x > 0 else 0.0
-
-
 def _score_signals(r: ReplicaInput, p: ScoringParams) -> ReplicaScore:
-    kv = max(_nonneg(r.kv_usage), _nonneg(r.kv_usage_max))
+    kv = max(nonneg(r.kv_usage), nonneg(r.kv_usage_max))
     load = kv / p.target_kv_usage
     # A replica that runs 200 requests at once drains a queue of 20 in a step or two; one that runs 3
     # does not. Counting the queue in units of the running batch keeps large-batch pods sane; on a
     # data-parallel pod each engine drains its own queue with its own batch.
     if len(r.engines) > 1:
-        queue = max(_nonneg(w) / max(p.target_queue_depth, _nonneg(n)) for w, n in r.engines)
+        queue = max(nonneg(w) / max(p.target_queue_depth, nonneg(n)) for w, n in r.engines)
     else:
-        queue = _nonneg(r.waiting) / max(p.target_queue_depth, _nonneg(r.running))
-    rejects, admitted = _nonneg(r.reject_rate), _nonneg(r.admitted_rate)
+        queue = nonneg(r.waiting) / max(p.target_queue_depth, nonneg(r.running))
+    rejects, admitted = nonneg(r.reject_rate), nonneg(r.admitted_rate)
     rejecting = rejects > 0 and rejects >= REJECT_SHARE_THRESHOLD * (rejects + admitted)
     reject = 0.0
     if rejecting:
         reject = MAX_REJECT_TERM if admitted == 0 else min(MAX_REJECT_TERM, rejects / admitted)
         load = max(load, 1.0)
     demand = load + queue + reject
-    if _nonneg(r.running) + _nonneg(r.waiting) > 0:
+    if nonneg(r.running) + nonneg(r.waiting) > 0:
         demand = max(demand, IN_FLIGHT_FLOOR)
     return ReplicaScore(demand, load, queue, reject, rejecting, assumed_at_target=False)
 
