@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scaler.sim.run import RunConfig, simulate
-from scaler.sim.trace import BUNDLED_TRACE, BURSTY_TRACE, load_trace, scale_rate
+from keda_llm_scaler.sim.run import RunConfig, simulate
+from keda_llm_scaler.sim.trace import BUNDLED_TRACE, BURSTY_TRACE, load_trace, scale_rate
 from tests.refsim import simulate_static
 
 CASES = (("conversation x12", BUNDLED_TRACE, 12.0, 8), ("bursty hour x4", BURSTY_TRACE, 4.0, 9))
@@ -44,9 +44,12 @@ def main() -> int:
                 took = time.perf_counter() - start
                 r = ref[k]
                 diff = ours["ttft_p95_s"] / r.ttft_p95_s - 1
-                print(f"| {name} | {routing} | {k}{' (smallest at 99 %)' if k == n else ''} | "
-                      f"{100 * ours['slo_attainment']:.2f} % / {100 * r.slo_attainment:.2f} % | "
-                      f"{ours['ttft_p95_s']:.3f} / {r.ttft_p95_s:.3f} ({100 * diff:+.1f} %) |", flush=True)
+                print(
+                    f"| {name} | {routing} | {k}{' (smallest at 99 %)' if k == n else ''} | "
+                    f"{100 * ours['slo_attainment']:.2f} % / {100 * r.slo_attainment:.2f} % | "
+                    f"{ours['ttft_p95_s']:.3f} / {r.ttft_p95_s:.3f} ({100 * diff:+.1f} %) |",
+                    flush=True,
+                )
                 print(f"  ({name}, {routing}, {k}: ours {took:.1f} s)", file=sys.stderr)
     return 0
 

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scaler.engines import read_replica  # noqa: E402
+from keda_llm_scaler.engines import read_replica  # noqa: E402
 from tests.payloads import EngineLoad, vllm_v1  # noqa: E402
 
 

@@ -23,13 +23,16 @@ sys.path.insert(0, str(ROOT))
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
-from scaler._proto import externalscaler_pb2 as pb  # noqa: E402
-from scaler.sim.keda import KedaEmulator  # noqa: E402
+from keda_llm_scaler._proto import externalscaler_pb2 as pb  # noqa: E402
+from keda_llm_scaler.sim.keda import KedaEmulator  # noqa: E402
 from tests.replicas import Replica  # noqa: E402
 from tests.scalerproc import channel_to, running_scaler  # noqa: E402
 
-FIXTURES = ["vllm_v1_reconstructed_latest_1engine.txt", "vllm_v1_reconstructed_v0.10_dp4.txt",
-            "sglang_v0.4.x_docs-production-metrics-md.txt"]
+FIXTURES = [
+    "vllm_v1_reconstructed_latest_1engine.txt",
+    "vllm_v1_reconstructed_v0.10_dp4.txt",
+    "sglang_v0.4.x_docs-production-metrics-md.txt",
+]
 
 
 def pct(values: list[float], p: float) -> float:
@@ -47,8 +50,12 @@ async def main() -> int:
     total_bytes = sum(len(texts[i % len(texts)]) for i in range(args.replicas))
     try:
         async with running_scaler() as server, channel_to(server) as ch:
-            keda = KedaEmulator(ch, "bench", "default", {"endpoints": ",".join(r.url for r in fleet),
-                                                        "scrapeInterval": "1", "engine": "auto"})
+            keda = KedaEmulator(
+                ch,
+                "bench",
+                "default",
+                {"endpoints": ",".join(r.url for r in fleet), "scrapeInterval": "1", "engine": "auto"},
+            )
             obs = await keda.poll()
             print(f"fleet: {args.replicas} replicas, {total_bytes / 1e6:.2f} MB per cycle; composite {obs.value}")
             target = server.registry.targets()[0]
@@ -62,8 +69,10 @@ async def main() -> int:
                     last = snap.cycle
                     cycles.append(snap.cycle_s)
                 await asyncio.sleep(0.05)
-            print(f"scrape cycle: n={len(cycles)} p50={statistics.median(cycles) * 1e3:.1f} ms "
-                  f"p95={pct(cycles, 0.95) * 1e3:.1f} ms")
+            print(
+                f"scrape cycle: n={len(cycles)} p50={statistics.median(cycles) * 1e3:.1f} ms "
+                f"p95={pct(cycles, 0.95) * 1e3:.1f} ms"
+            )
 
             health = health_pb2_grpc.HealthStub(ch)
             ref_t, poll_t = [], []
@@ -73,9 +82,11 @@ async def main() -> int:
                 ref_t.append(time.perf_counter() - t0)
                 poll_t.append((await keda.hpa()).elapsed_s)
             p50, ref = statistics.median(poll_t), statistics.median(ref_t)
-            print(f"KEDA HPA sequence (spec+metrics+active): p50={p50 * 1e3:.2f} ms "
-                  f"p99={pct(poll_t, 0.99) * 1e3:.2f} ms; health Check reference p50={ref * 1e3:.2f} ms; "
-                  f"ratio {p50 / ref:.1f}x (three calls vs one)")
+            print(
+                f"KEDA HPA sequence (spec+metrics+active): p50={p50 * 1e3:.2f} ms "
+                f"p99={pct(poll_t, 0.99) * 1e3:.2f} ms; health Check reference p50={ref * 1e3:.2f} ms; "
+                f"ratio {p50 / ref:.1f}x (three calls vs one)"
+            )
 
             streams = [keda.stub.StreamIsActive(keda.ref) for _ in range(200)]
             await asyncio.gather(*(s.read() for s in streams))
@@ -91,9 +102,11 @@ async def main() -> int:
             t0 = time.perf_counter()
             await asyncio.gather(*(caller() for _ in range(50)))
             wall = time.perf_counter() - t0
-            print(f"GetMetrics, 50 concurrent callers, 200 open streams: n={len(lat)} "
-                  f"p50={statistics.median(lat) * 1e3:.2f} ms p99={pct(lat, 0.99) * 1e3:.2f} ms "
-                  f"({len(lat) / wall:.0f} calls/s, client in the same process)")
+            print(
+                f"GetMetrics, 50 concurrent callers, 200 open streams: n={len(lat)} "
+                f"p50={statistics.median(lat) * 1e3:.2f} ms p99={pct(lat, 0.99) * 1e3:.2f} ms "
+                f"({len(lat) / wall:.0f} calls/s, client in the same process)"
+            )
             for s in streams:
                 s.cancel()
     finally:

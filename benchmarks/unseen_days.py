@@ -20,9 +20,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scaler.sim.run import RunConfig, simulate
-from scaler.sim.trace import BUNDLED_TRACE
-from scaler.sim.workload import BUNDLED_CURVE, CurveWorkload
+from keda_llm_scaler.sim.run import RunConfig, simulate
+from keda_llm_scaler.sim.trace import BUNDLED_TRACE
+from keda_llm_scaler.sim.workload import BUNDLED_CURVE, CurveWorkload
 
 # the docs' day (m-small 17:29 at 140) is where the defaults were chosen; these are not
 DAYS = ("m-large:0:12:150", "m-mid:30:42:200", "m-small:100:112:130", "m-large:200:212:180")
@@ -31,8 +31,15 @@ DAYS = ("m-large:0:12:150", "m-mid:30:42:200", "m-small:100:112:130", "m-large:2
 def _run(job: tuple[str, str, float | None, str]) -> tuple[str, str, float | None, str, dict[str, Any]]:
     day, policy, knob, behavior = job
     model, a, b, peak = day.split(":")
-    workload = CurveWorkload.build(BUNDLED_CURVE, BUNDLED_TRACE, model=model, hours=(float(a), float(b)),
-                                   rate_scale=1.0, peak_rate=float(peak), seed=0)
+    workload = CurveWorkload.build(
+        BUNDLED_CURVE,
+        BUNDLED_TRACE,
+        model=model,
+        hours=(float(a), float(b)),
+        rate_scale=1.0,
+        peak_rate=float(peak),
+        seed=0,
+    )
     s = simulate(workload, RunConfig(policy=policy, knob=knob, hpa_behavior=behavior)).summary
     return day, policy, knob, behavior, s
 
@@ -50,8 +57,12 @@ def main(days: tuple[str, ...]) -> int:
         guesses = {d: max(1, results[(d, "oracle", 1.0, "llm")]["max_replicas"] - 1) for d in days}
         pending = set(days)
         while pending:
-            batch = [(d, "static", float(guesses[d] + k), "llm") for d in sorted(pending) for k in (0, 1)
-                     if guesses[d] + k not in statics[d]]
+            batch = [
+                (d, "static", float(guesses[d] + k), "llm")
+                for d in sorted(pending)
+                for k in (0, 1)
+                if guesses[d] + k not in statics[d]
+            ]
             for d, _, k, _, s in pool.map(_run, batch):
                 statics[d][int(k or 0)] = s
             for d in sorted(pending):
@@ -64,20 +75,27 @@ def main(days: tuple[str, ...]) -> int:
                 else:
                     guesses[d] = max(statics[d]) + 1
             print(f"... {time.perf_counter() - start:.0f}s", file=sys.stderr, flush=True)
-    print("| day (model:hours:peak req/s) | composite `llm` | composite `default` | smallest static ≥ 99 % | "
-          "oracle | composite ÷ static | composite ÷ oracle |")
+    print(
+        "| day (model:hours:peak req/s) | composite `llm` | composite `default` | smallest static ≥ 99 % | "
+        "oracle | composite ÷ static | composite ÷ oracle |"
+    )
     print("|---|---|---|---|---|---|---|")
     for d in days:
-        c, cd, o = (results[(d, "composite", None, "llm")], results[(d, "composite", None, "default")],
-                    results[(d, "oracle", 1.0, "llm")])
+        c, cd, o = (
+            results[(d, "composite", None, "llm")],
+            results[(d, "composite", None, "default")],
+            results[(d, "oracle", 1.0, "llm")],
+        )
         n = min(k for k, s in statics[d].items() if s["slo_attainment"] >= 0.99)
         st = statics[d][n]
 
         def cell(s: dict[str, Any]) -> str:
             return f"{100 * s['slo_attainment']:.2f} %, {s['gpu_hours']:.1f} GPU-h, max {s['max_replicas']}"
 
-        print(f"| {d} | {cell(c)} | {cell(cd)} | {n}: {cell(st)} | {cell(o)} | "
-              f"{c['gpu_hours'] / st['gpu_hours']:.2f} | {c['gpu_hours'] / o['gpu_hours']:.2f} |")
+        print(
+            f"| {d} | {cell(c)} | {cell(cd)} | {n}: {cell(st)} | {cell(o)} | "
+            f"{c['gpu_hours'] / st['gpu_hours']:.2f} | {c['gpu_hours'] / o['gpu_hours']:.2f} |"
+        )
     print(f"\n({time.perf_counter() - start:.0f} s)", file=sys.stderr)
     return 0
 

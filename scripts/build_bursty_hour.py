@@ -7,7 +7,7 @@ shorter than one 70B cold start (240 s), so no reactive policy can add a replica
 headroom already there, or capacity already starting, serves it. The bursts start as steps (a launch,
 a retry storm, a batch job pointed at the endpoint). Deterministic; rerun to regenerate:
 
-    python scripts/build_bursty_hour.py scaler/sim/traces/azure_conv_bursty_hour.csv
+    python scripts/build_bursty_hour.py keda_llm_scaler/sim/traces/azure_conv_bursty_hour.csv
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from scaler.sim.trace import BUNDLED_TRACE, TraceRequest, load_trace, peak_to_mean, scale_rate
+from keda_llm_scaler.sim.trace import BUNDLED_TRACE, TraceRequest, load_trace, peak_to_mean, scale_rate
 
 # (start s, length s, multiplier)
 BURSTS = ((480.0, 180.0, 3.0), (1320.0, 120.0, 4.0), (2160.0, 60.0, 5.0), (2940.0, 150.0, 3.0))
@@ -32,15 +32,18 @@ def build() -> list[TraceRequest]:
 
 
 def main() -> int:
-    from scaler.sim.trace import write_trace
+    from keda_llm_scaler.sim.trace import write_trace
 
     path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("azure_conv_bursty_hour.csv")
     trace = build()
     with path.open("w") as fh:
         n = write_trace(fh, trace)
     times = [r.t for r in trace]
-    print(f"wrote {path}: {n} requests, peak/mean at 10 s {peak_to_mean(times, 10):.2f}, at 60 s "
-          f"{peak_to_mean(times, 60):.2f}", file=sys.stderr)
+    print(
+        f"wrote {path}: {n} requests, peak/mean at 10 s {peak_to_mean(times, 10):.2f}, at 60 s "
+        f"{peak_to_mean(times, 60):.2f}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -15,9 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from scaler.sim.plots import plot_pareto
-from scaler.sim.policies import POLICIES
-from scaler.sim.replay import _table
+from keda_llm_scaler.sim.plots import plot_pareto
+from keda_llm_scaler.sim.policies import POLICIES
+from keda_llm_scaler.sim.replay import _table
 
 
 def main(base: Path, partial: Path, target: float = 0.99) -> None:

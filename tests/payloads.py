@@ -9,8 +9,30 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 
 
 @dataclass
@@ -33,19 +55,27 @@ def vllm_v1(
 ) -> str:
     reg = CollectorRegistry()
     labels = ["model_name", "engine"]
-    running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", labels,
-                    registry=reg)
-    waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels,
-                    registry=reg)
+    running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", labels, registry=reg)
+    waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels, registry=reg)
     kvs = [Gauge(n, "KV-cache usage. 1 means 100 percent usage.", labels, registry=reg) for n in kv_names]
-    pre = Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels,
-                  registry=reg)
-    ok = Counter("vllm:request_success", "Count of successfully processed requests.",
-                 [*labels, "finished_reason"], registry=reg)
-    ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                     labels, buckets=TTFT_BUCKETS, registry=reg)
-    queue = Histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-                      labels, buckets=(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0), registry=reg)
+    pre = Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels, registry=reg)
+    ok = Counter(
+        "vllm:request_success", "Count of successfully processed requests.", [*labels, "finished_reason"], registry=reg
+    )
+    ttft = Histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        labels,
+        buckets=TTFT_BUCKETS,
+        registry=reg,
+    )
+    queue = Histogram(
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        labels,
+        buckets=(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0),
+        registry=reg,
+    )
     for i, e in enumerate(engines):
         rank = str(i)
         running.labels(model, rank).set(e.running)
@@ -58,8 +88,12 @@ def vllm_v1(
         for obs in ttft_observations:
             ttft.labels(model, rank).observe(obs)
             queue.labels(model, rank).observe(obs / 2)
-    http = Counter("http_requests", "Total number of requests by method, status and handler.",
-                   ["handler", "method", "status"], registry=reg)
+    http = Counter(
+        "http_requests",
+        "Total number of requests by method, status and handler.",
+        ["handler", "method", "status"],
+        registry=reg,
+    )
     http.labels("/v1/chat/completions", "POST", "2xx").inc(http_2xx)
     if http_5xx is not None:
         http.labels("/v1/chat/completions", "POST", "5xx").inc(http_5xx)

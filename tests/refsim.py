@@ -1,7 +1,8 @@
 """Independent step-level reference model of a *static* fleet of vLLM V1 replicas.
 
 Written only from ``/work/shared/docs/REPLICA-PERF-MODEL.md`` §0 and §1, without importing or reading the project's own
-simulator (``scaler.sim``), so that tests can check the fast simulator against a second, separately written model.
+simulator (``keda_llm_scaler.sim``), so that
+tests can check the fast simulator against a second, separately written model.
 Standard library only.
 
 Model

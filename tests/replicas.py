@@ -74,8 +74,7 @@ class Replica:
         self.host = host
         self.port = self._server.server_address[1]
         self.url = f"http://{host}:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
     def set(self, **changes: object) -> None:

@@ -8,11 +8,12 @@ from dataclasses import replace
 
 import grpc
 
-from scaler.config import Settings
-from scaler.server import ScalerServer
+from keda_llm_scaler.config import Settings
+from keda_llm_scaler.server import ScalerServer
 
-BASE = Settings(host="127.0.0.1", grpc_port=0, metrics_port=0, warmup_wait=1.0, shutdown_grace=1.0,
-                target_idle_ttl=600.0)
+BASE = Settings(
+    host="127.0.0.1", grpc_port=0, metrics_port=0, warmup_wait=1.0, shutdown_grace=1.0, target_idle_ttl=600.0
+)
 
 
 @contextlib.asynccontextmanager

@@ -38,12 +38,13 @@ class ServeProcess:
         return f"127.0.0.1:{self.grpc_port}"
 
 
-def _wait_healthy(address: str, timeout: float, creds: grpc.ChannelCredentials | None = None,
-                  server_name: str | None = None) -> None:
+def _wait_healthy(
+    address: str, timeout: float, creds: grpc.ChannelCredentials | None = None, server_name: str | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
     while time.monotonic() < deadline:
-        channel = (grpc.secure_channel(address, creds, options) if creds else grpc.insecure_channel(address))
+        channel = grpc.secure_channel(address, creds, options) if creds else grpc.insecure_channel(address)
         try:
             health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=0.5)
             return
@@ -55,11 +56,20 @@ def _wait_healthy(address: str, timeout: float, creds: grpc.ChannelCredentials |
 
 
 @contextlib.contextmanager
-def serve(*args: str, env: dict[str, str] | None = None, creds: grpc.ChannelCredentials | None = None,
-          server_name: str | None = None) -> Iterator[ServeProcess]:
+def serve(
+    *args: str,
+    env: dict[str, str] | None = None,
+    creds: grpc.ChannelCredentials | None = None,
+    server_name: str | None = None,
+) -> Iterator[ServeProcess]:
     grpc_port, metrics_port = unused_port(), unused_port()
-    full_env = {**os.environ, "LLM_SCALER_GRPC_PORT": str(grpc_port), "LLM_SCALER_METRICS_PORT": str(metrics_port),
-                "LLM_SCALER_HOST": "127.0.0.1", **(env or {})}
+    full_env = {
+        **os.environ,
+        "LLM_SCALER_GRPC_PORT": str(grpc_port),
+        "LLM_SCALER_METRICS_PORT": str(metrics_port),
+        "LLM_SCALER_HOST": "127.0.0.1",
+        **(env or {}),
+    }
     exe = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
     log_file = tempfile.TemporaryFile()  # noqa: SIM115 - closed in finally; a pipe nobody reads would block the server
     proc = subprocess.Popen([exe, "serve", *args], env=full_env, stdout=log_file, stderr=subprocess.STDOUT)

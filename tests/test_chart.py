@@ -14,7 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from scaler.metadata import parse_trigger
+from keda_llm_scaler import __version__
+from keda_llm_scaler.metadata import parse_trigger
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "keda-llm-scaler"
@@ -60,8 +61,11 @@ def test_helm_lint_is_clean() -> None:
         assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
-@pytest.mark.parametrize("values", [{}, ALL_ON, {"rbac": {"clusterWide": True}, "serviceAccount": {"name": "x"}}],
-                         ids=["defaults", "everything-on", "cluster-wide"])
+@pytest.mark.parametrize(
+    "values",
+    [{}, ALL_ON, {"rbac": {"clusterWide": True}, "serviceAccount": {"name": "x"}}],
+    ids=["defaults", "everything-on", "cluster-wide"],
+)
 def test_every_rendered_object_validates(values: dict[str, Any]) -> None:
     docs = render(values)
     assert docs
@@ -103,7 +107,7 @@ def test_deployment_is_hardened_and_probed() -> None:
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["LLM_SCALER_GRPC_PORT"] == "9090" and env["LLM_SCALER_METRICS_PORT"] == "8080"
     assert pod["terminationGracePeriodSeconds"] > float(env["LLM_SCALER_SHUTDOWN_GRACE"])
-    assert c["image"] == "ghcr.io/keda-llm-scaler/keda-llm-scaler:0.1.0"
+    assert c["image"] == f"ghcr.io/keda-llm-scaler/keda-llm-scaler:{__version__}"
     assert c["args"] == ["serve"]
     svc = by_kind(render(), "Service")[0]
     assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"grpc": "grpc", "metrics": "metrics"}
@@ -142,6 +146,7 @@ def test_values_are_documented_and_the_readme_is_generated() -> None:
 
 
 # -- examples -------------------------------------------------------------------------------------
+
 
 def _crd_schema(file: str) -> dict[str, Any]:
     crd = yaml.safe_load((CRDS / file).read_text())
@@ -186,3 +191,9 @@ def test_the_schema_check_catches_a_broken_manifest() -> None:
     dep["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["grpcc"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(dep, K8S_VERSION, strict=True)
+
+
+def test_the_chart_deploys_the_version_the_package_is() -> None:
+    # One version source (pyproject.toml -> package metadata); the chart's appVersion must follow it.
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__ != "0+unknown"

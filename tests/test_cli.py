@@ -1,4 +1,4 @@
-"""The command line: `inspect` on files and URLs, `serve` flags/env, `python -m scaler`."""
+"""The command line: `inspect` on files and URLs, `serve` flags/env, `python -m keda_llm_scaler`."""
 
 from __future__ import annotations
 
@@ -31,7 +31,11 @@ def test_inspect_file_json_with_data_parallel_engines() -> None:
     assert report["signals"]["kv_usage"] == pytest.approx(0.565)
     assert report["signals"]["kv_usage_max"] == 0.97
     assert [(e["rank"], e["waiting"], e["running"], e["kv_usage"]) for e in report["engines"]] == [
-        ("0", 0, 120, 0.41), ("1", 18, 251, 0.97), ("2", 3, 200, 0.88), ("3", 0, 0, 0.0)]
+        ("0", 0, 120, 0.41),
+        ("1", 18, 251, 0.97),
+        ("2", 3, 200, 0.88),
+        ("3", 0, 0, 0.0),
+    ]
 
 
 def test_inspect_url_and_stdin() -> None:
@@ -51,8 +55,12 @@ def test_inspect_url_and_stdin() -> None:
 
 @pytest.mark.parametrize(
     ("target", "message"),
-    [("/no/such/file", "cannot read"), (str(METRICS / "tgi_v2-v3_datadog-payload_TRUNCATED.txt"), "no vLLM"),
-     ("http://127.0.0.1:{port}", "connect_error"), ("ftp://example/metrics", "scheme")],
+    [
+        ("/no/such/file", "cannot read"),
+        (str(METRICS / "tgi_v2-v3_datadog-payload_TRUNCATED.txt"), "no vLLM"),
+        ("http://127.0.0.1:{port}", "connect_error"),
+        ("ftp://example/metrics", "scheme"),
+    ],
 )
 def test_inspect_unreadable_input_exits_non_zero(target: str, message: str) -> None:
     out = run("inspect", target.format(port=unused_port()), "--json")
@@ -79,8 +87,9 @@ def test_serve_rejects_bad_configuration() -> None:
 
 
 def test_python_dash_m_and_help() -> None:
-    out = subprocess.run([sys.executable, "-m", "scaler", "serve", "--help"], capture_output=True, text=True,
-                         timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "keda_llm_scaler", "serve", "--help"], capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 0
     for flag in ("--host", "--grpc-port", "--metrics-port", "--tls-cert", "--tls-key", "--tls-client-ca"):
         assert flag in out.stdout

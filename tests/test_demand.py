@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import pytest
 
-from scaler.demand import DEFAULT_STARTUP_S, DemandConfig, DemandTracker, ReplicaCounters, is_saturated
-from scaler.policy import ReplicaInput, ScoringParams, composite, slo_floor
+from keda_llm_scaler.demand import DEFAULT_STARTUP_S, DemandConfig, DemandTracker, ReplicaCounters, is_saturated
+from keda_llm_scaler.policy import ReplicaInput, ScoringParams, composite, slo_floor
 
 
-def counters(url: str, finished: float, waiting: float = 0.0, running: float = 0.0, kv: float = 0.1,
-             rejected: float | None = 0.0, preemptions: float | None = 0.0) -> ReplicaCounters:
+def counters(
+    url: str,
+    finished: float,
+    waiting: float = 0.0,
+    running: float = 0.0,
+    kv: float = 0.1,
+    rejected: float | None = 0.0,
+    preemptions: float | None = 0.0,
+) -> ReplicaCounters:
     return ReplicaCounters(url, finished, rejected, waiting, running, kv, preemptions)
 
 
-def feed(tracker: DemandTracker, rates: list[float], per: int = 2, start: float = 0.0, step: float = 5.0,
-         kv: float = 0.1) -> float:
+def feed(
+    tracker: DemandTracker, rates: list[float], per: int = 2, start: float = 0.0, step: float = 5.0, kv: float = 0.1
+) -> float:
     """Scrapes every ``step`` s of ``per`` replicas sharing each rate equally (finished only). Returns t."""
     t = start
     done = [0.0] * per
@@ -175,7 +183,7 @@ def test_a_burst_is_reported_and_answered_only_when_asked() -> None:
 def test_provisional_capacity_reads_utilization_from_kv() -> None:
     """Two replicas at KV 0.2 serving 20 req/s between them: each at u = 0.2 x 1.07 / 0.27 of capacity,
     so capacity = 10 / u. An idle fleet (u < 0.2) gives no capacity at all rather than a wild one."""
-    from scaler.demand import kv_utilization
+    from keda_llm_scaler.demand import kv_utilization
 
     u = kv_utilization(0.2)
     assert u == pytest.approx(0.2 * 1.07 / 0.27)

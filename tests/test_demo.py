@@ -15,8 +15,12 @@ EXE = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
 def test_demo_scales_up_and_down(tmp_path: Path) -> None:
     # 14 simulated minutes: the quiet tail outlasts the demand's 5-minute window, so the scale-down is
     # there even when a busy machine makes the real-time loop coarse
-    out = subprocess.run([EXE, "demo", "--no-live", "--speed", "24", "--minutes", "14", "--out-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [EXE, "demo", "--no-live", "--speed", "24", "--minutes", "14", "--out-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["scale_ups"] >= 1 and summary["scale_downs"] >= 1
@@ -26,7 +30,10 @@ def test_demo_scales_up_and_down(tmp_path: Path) -> None:
     assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
     lines = [line for line in out.stdout.splitlines() if line.startswith("sim ")]
     assert len(lines) >= 45  # one line per HPA sync (15 simulated seconds) over 14 minutes
-    composites = [float(line.split("composite")[1].split()[0]) for line in lines if "composite  -" not in line
-                  and "composite   -" not in line]
+    composites = [
+        float(line.split("composite")[1].split()[0])
+        for line in lines
+        if "composite  -" not in line and "composite   -" not in line
+    ]
     assert max(composites) > 3 * min(composites)  # the scraped signal followed the burst
     assert "demo finished" in out.stdout

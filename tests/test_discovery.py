@@ -10,10 +10,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from scaler.discovery import DiscoveryError, DnsResolver
-from scaler.metadata import parse_trigger
-from scaler.sim.keda import KedaEmulator
-from scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
+from keda_llm_scaler.discovery import DiscoveryError, DnsResolver
+from keda_llm_scaler.metadata import parse_trigger
+from keda_llm_scaler.sim.keda import KedaEmulator
+from keda_llm_scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
 from tests.payloads import EngineLoad, vllm_v1
 from tests.replicas import Replica, unused_port
 from tests.scalerproc import channel_to, running_scaler
@@ -64,8 +64,11 @@ async def test_endpointslices_end_to_end(fleet: list[Replica], kube: tuple[FakeK
         keda = KedaEmulator(ch, "llm", "serving", {"service": "vllm", "port": str(fleet[0].port), **FAST})
         assert (await keda.poll()).value == 3.0
         # an unready endpoint is not scraped; a missing `ready` condition means ready
-        state.services[("serving", "vllm")] = [Endpoint(fleet[0].host, ready=False), Endpoint(fleet[1].host),
-                                               Endpoint(fleet[2].host, ready=None)]
+        state.services[("serving", "vllm")] = [
+            Endpoint(fleet[0].host, ready=False),
+            Endpoint(fleet[1].host),
+            Endpoint(fleet[2].host, ready=None),
+        ]
         await asyncio.sleep(2.5)  # the API client caches lists for 2 s
         assert (await keda.poll()).value == 2.0
         # zero ready pods is a legitimate 0, not missing data (C13)
@@ -73,13 +76,17 @@ async def test_endpointslices_end_to_end(fleet: list[Replica], kube: tuple[FakeK
         await asyncio.sleep(2.5)  # the API client caches lists for 2 s
         obs = await keda.poll()
         assert (obs.value, obs.active) == (0.0, False)
-        assert any("labelSelector=kubernetes.io%2Fservice-name%3Dvllm" in r or
-                   "labelSelector=kubernetes.io/service-name=vllm" in r for r in state.requests)
+        assert any(
+            "labelSelector=kubernetes.io%2Fservice-name%3Dvllm" in r
+            or "labelSelector=kubernetes.io/service-name=vllm" in r
+            for r in state.requests
+        )
 
 
 @pytest.mark.parametrize("status", [401, 403, 500])
-async def test_api_errors_keep_the_last_fleet(status: int, fleet: list[Replica],
-                                              kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
+async def test_api_errors_keep_the_last_fleet(
+    status: int, fleet: list[Replica], kube: tuple[FakeKube, FakeKubeServer, Path]
+) -> None:
     state, api, token = kube
     async with running_scaler(kube_api_url=api.url, kube_token_file=token) as server, channel_to(server) as ch:
         keda = KedaEmulator(ch, "llm", "serving", {"service": "vllm", "port": str(fleet[0].port), **FAST})
@@ -124,39 +131,58 @@ async def test_cross_namespace_is_refused_unless_enabled(kube: tuple[FakeKube, F
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await keda.stub.GetMetricSpec(keda.ref)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    async with running_scaler(kube_api_url=api.url, kube_token_file=token, allow_cross_namespace=True) as server, \
-            channel_to(server) as ch:
+    async with (
+        running_scaler(kube_api_url=api.url, kube_token_file=token, allow_cross_namespace=True) as server,
+        channel_to(server) as ch,
+    ):
         keda = KedaEmulator(ch, "llm", "other", {"service": "serving/vllm", **FAST})
         assert len((await keda.stub.GetMetricSpec(keda.ref)).metricSpecs) == 1
 
 
-def _pod(name: str, ip: str | None, ready: bool, labels: dict[str, str], *, terminating: bool = False,
-         port: int = 8000) -> dict[str, object]:
+def _pod(
+    name: str, ip: str | None, ready: bool, labels: dict[str, str], *, terminating: bool = False, port: int = 8000
+) -> dict[str, object]:
     meta: dict[str, object] = {"name": name, "namespace": "serving", "labels": labels, "uid": f"uid-{name}"}
     if terminating:
         meta["deletionTimestamp"] = "2026-11-29T12:00:00Z"
-    status: dict[str, object] = {"phase": "Running" if ip else "Pending",
-                                 "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    status: dict[str, object] = {
+        "phase": "Running" if ip else "Pending",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+    }
     if ip:
         status["podIP"] = ip
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"containers": [{"name": "vllm", "ports": [{"name": "http", "containerPort": port}]}]},
-            "status": status}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"containers": [{"name": "vllm", "ports": [{"name": "http", "containerPort": port}]}]},
+        "status": status,
+    }
 
 
 def _zero_config_cluster(state: FakeKube, fleet: list[Replica]) -> None:
     labels = {"app.kubernetes.io/name": "vllm-llama"}
     state.scaled_objects[("serving", "llm")] = {
-        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
         "metadata": {"name": "llm", "namespace": "serving"},
-        "spec": {"scaleTargetRef": {"name": "vllm-llama"},  # apiVersion/kind default: apps/v1 Deployment
-                 "triggers": [{"type": "external", "metadata": {"scalerAddress": "scaler:9090"}}]},
+        "spec": {
+            "scaleTargetRef": {"name": "vllm-llama"},  # apiVersion/kind default: apps/v1 Deployment
+            "triggers": [{"type": "external", "metadata": {"scalerAddress": "scaler:9090"}}],
+        },
     }
     state.workloads[("serving", "deployments", "vllm-llama")] = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "vllm-llama", "namespace": "serving"},
-        "spec": {"replicas": 5, "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [
-                     {"name": "vllm", "ports": [{"name": "http", "containerPort": fleet[0].port}]}]}}},
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vllm-llama", "namespace": "serving"},
+        "spec": {
+            "replicas": 5,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "vllm", "ports": [{"name": "http", "containerPort": fleet[0].port}]}]},
+            },
+        },
     }
     state.pods["serving"] = [
         *(_pod(f"vllm-{i}", r.host, True, labels, port=r.port) for i, r in enumerate(fleet)),
@@ -167,8 +193,9 @@ def _zero_config_cluster(state: FakeKube, fleet: list[Replica]) -> None:
     ]
 
 
-async def test_zero_config_discovery_from_scale_target_ref(fleet: list[Replica],
-                                                           kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
+async def test_zero_config_discovery_from_scale_target_ref(
+    fleet: list[Replica], kube: tuple[FakeKube, FakeKubeServer, Path]
+) -> None:
     state, api, token = kube
     _zero_config_cluster(state, fleet)
     async with running_scaler(kube_api_url=api.url, kube_token_file=token) as server, channel_to(server) as ch:
@@ -196,8 +223,9 @@ async def test_zero_config_errors_are_unavailable(kube: tuple[FakeKube, FakeKube
         assert "ScaledObject serving/missing not found" in (err.value.details() or "")
 
 
-async def test_api_calls_are_shared_and_cached(fleet: list[Replica],
-                                               kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
+async def test_api_calls_are_shared_and_cached(
+    fleet: list[Replica], kube: tuple[FakeKube, FakeKubeServer, Path]
+) -> None:
     state, api, token = kube
     _zero_config_cluster(state, fleet)
     async with running_scaler(kube_api_url=api.url, kube_token_file=token) as server, channel_to(server) as ch:
@@ -228,7 +256,7 @@ async def test_slow_api_keeps_the_last_fleet(fleet: list[Replica], kube: tuple[F
 def test_kubeconfig_token_and_ca(tmp_path: Path) -> None:
     import base64
 
-    from scaler.kube import KubeConfig
+    from keda_llm_scaler.kube import KubeConfig
 
     ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
     (tmp_path / "config").write_text(f"""
@@ -248,17 +276,19 @@ users:
     cfg = KubeConfig.from_kubeconfig(tmp_path / "config")
     assert cfg.api_url == "https://127.0.0.1:6443" and cfg.token == "abc123"
     assert cfg.ca_file is not None and cfg.ca_file.read_bytes().startswith(b"-----BEGIN CERTIFICATE")
-    (tmp_path / "exec").write_text((tmp_path / "config").read_text().replace(
-        "user: {token: abc123}", "user: {exec: {command: aws}}"))
-    from scaler.kube import KubeError
+    (tmp_path / "exec").write_text(
+        (tmp_path / "config").read_text().replace("user: {token: abc123}", "user: {exec: {command: aws}}")
+    )
+    from keda_llm_scaler.kube import KubeError
 
     with pytest.raises(KubeError, match="exec/auth-provider"):
         KubeConfig.from_kubeconfig(tmp_path / "exec")
 
 
 async def test_a_cancelled_caller_does_not_cancel_the_shared_request(
-        kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
-    from scaler.kube import KubeClient, KubeConfig
+    kube: tuple[FakeKube, FakeKubeServer, Path],
+) -> None:
+    from keda_llm_scaler.kube import KubeClient, KubeConfig
 
     state, api, token = kube
     state.delay_s = 0.5

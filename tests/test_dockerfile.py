@@ -50,7 +50,7 @@ def test_dependencies_are_a_layer_before_the_source() -> None:
     builder = stages()[0]
     order = [f"{w} {a}" for w, a in builder]
     deps = next(i for i, s in enumerate(order) if s.startswith("RUN pip install --requirement"))
-    source = next(i for i, s in enumerate(order) if s.startswith("COPY scaler"))
+    source = next(i for i, s in enumerate(order) if s.startswith("COPY keda_llm_scaler"))
     assert order.index("COPY pyproject.toml README.md ./") < deps < source
     assert "compileall" in " ".join(order[source:])  # byte-compiled: the root filesystem is read-only
 
@@ -79,4 +79,4 @@ def test_runtime_is_non_root_numeric_without_build_tools() -> None:
 def test_dockerignore_keeps_the_context_small() -> None:
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".git", ".venv", "tests/", "charts/"} <= ignored
-    assert "scaler" not in ignored and "pyproject.toml" not in ignored
+    assert "keda_llm_scaler" not in ignored and "pyproject.toml" not in ignored

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scaler.engines import read_replica
-from scaler.errors import MissingSignal, ModelNotFound, UnrecognizedPayload
+from keda_llm_scaler.engines import read_replica
+from keda_llm_scaler.errors import MissingSignal, ModelNotFound, UnrecognizedPayload
 from tests.conftest import fixture_text
 from tests.payloads import MODEL, EngineLoad, sglang, vllm_v1
 
@@ -27,7 +27,10 @@ def test_vllm_v1_single_engine_matches_fixture_header() -> None:
 def test_vllm_v010_data_parallel_engines_and_both_kv_names() -> None:
     text = fixture_text("vllm_v1_reconstructed_v0.10_dp4.txt")
     assert _engines(text) == [
-        ("0", 0, 120, 0.41), ("1", 18, 251, 0.97), ("2", 3, 200, 0.88), ("3", 0, 0, 0.0),
+        ("0", 0, 120, 0.41),
+        ("1", 18, 251, 0.97),
+        ("2", 3, 200, 0.88),
+        ("3", 0, 0, 0.0),
     ]
     r = read_replica(text)
     assert r.waiting == 21 and r.running == 571
@@ -51,8 +54,12 @@ def test_sglang_docs_fixture() -> None:
 
 @pytest.mark.parametrize(
     "fixture",
-    ["tgi_v2-v3_datadog-payload_TRUNCATED.txt", "triton-trtllm_docs-example_newer.txt",
-     "llamacpp_2025-06_pr13196-comment_excerpt.txt", "vllm_v1_docs-http-instrumentator-grep.txt"],
+    [
+        "tgi_v2-v3_datadog-payload_TRUNCATED.txt",
+        "triton-trtllm_docs-example_newer.txt",
+        "llamacpp_2025-06_pr13196-comment_excerpt.txt",
+        "vllm_v1_docs-http-instrumentator-grep.txt",
+    ],
 )
 def test_other_engines_are_unrecognized_not_zero(fixture: str) -> None:
     with pytest.raises(UnrecognizedPayload):
@@ -60,8 +67,9 @@ def test_other_engines_are_unrecognized_not_zero(fixture: str) -> None:
 
 
 def test_missing_family_is_an_error_not_zero() -> None:
-    text = "\n".join(line for line in fixture_text("vllm_v1_docs-design-metrics-md_elided.txt").splitlines()
-                     if line != "...")
+    text = "\n".join(
+        line for line in fixture_text("vllm_v1_docs-design-metrics-md_elided.txt").splitlines() if line != "..."
+    )
     with pytest.raises(MissingSignal, match="num_requests_waiting"):
         read_replica(text)
 
@@ -83,7 +91,8 @@ def test_new_kv_name_wins_when_both_differ() -> None:
 
 def test_model_filter() -> None:
     text = vllm_v1([EngineLoad(4, 8, 0.5)], model="a") + vllm_v1([EngineLoad(1, 1, 0.1)], model="b").replace(
-        "# HELP", "# HELP-ignored").replace("# TYPE", "# TYPE-ignored")
+        "# HELP", "# HELP-ignored"
+    ).replace("# TYPE", "# TYPE-ignored")
     assert read_replica(text, model="a").waiting == 4
     assert read_replica(text, model="b").waiting == 1
     with pytest.raises(ModelNotFound, match=r"\['a', 'b'\]"):
@@ -98,8 +107,7 @@ def test_reject_source_ignores_non_generation_handlers_and_counts_lazy_5xx_as_ze
 def test_sglang_ranks_sum_over_dp_and_not_over_tp() -> None:
     text = sglang([EngineLoad(3, 10, 0.5), EngineLoad(1, 20, 0.7)], tp_ranks=4, finished=9)
     r = read_replica(text)
-    assert [(e.rank, e.waiting, e.running, e.kv_usage) for e in r.engines] == [
-        ("0", 3, 10, 0.5), ("1", 1, 20, 0.7)]
+    assert [(e.rank, e.waiting, e.running, e.kv_usage) for e in r.engines] == [("0", 3, 10, 0.5), ("1", 1, 20, 0.7)]
     assert (r.waiting, r.running, r.kv_usage, r.kv_usage_max) == (4, 30, 0.6, 0.7)
     assert r.admitted_total == 9
 

@@ -23,8 +23,12 @@ pytestmark = [
 
 
 def kedaclient(address: str, op: str, meta: str, *extra: str) -> list[dict[str, object]]:
-    out = subprocess.run([KEDACLIENT, "-addr", address, "-op", op, "-meta", meta, "-name", "llm",
-                          "-namespace", "serving", *extra], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [KEDACLIENT, "-addr", address, "-op", op, "-meta", meta, "-name", "llm", "-namespace", "serving", *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 

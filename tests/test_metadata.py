@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scaler.errors import BadMetadata
-from scaler.metadata import metadata_hints, parse_trigger
+from keda_llm_scaler.errors import BadMetadata
+from keda_llm_scaler.metadata import metadata_hints, parse_trigger
 
 BASE = {"scalerAddress": "scaler.keda:9090", "endpoints": "http://10.0.0.7:8000"}
 
@@ -32,7 +32,10 @@ def test_keda_and_unknown_keys_are_ignored_and_do_not_change_identity() -> None:
 def test_endpoints_normalised_sorted_deduplicated() -> None:
     cfg = parse({"endpoints": " http://b:8000/ ,http://a:8000, http://b:8000,https://[::1]:8443/custom/path"})
     assert cfg.discovery.endpoints == (
-        "http://a:8000/metrics", "http://b:8000/metrics", "https://[::1]:8443/custom/path")
+        "http://a:8000/metrics",
+        "http://b:8000/metrics",
+        "https://[::1]:8443/custom/path",
+    )
     assert parse({"metricsPath": "/m"}).discovery.endpoints == ("http://10.0.0.7:8000/m",)
 
 
@@ -95,8 +98,18 @@ def test_dns_and_service_discovery() -> None:
 
 
 def test_hints_for_likely_mistakes() -> None:
-    hints = metadata_hints({**BASE, "metricType": "Value", "caCert": "x", "targetKVUsage": "0.8",
-                            "endpoint": "http://x", "enableTLS": "true", "fooFromEnv": "y", "zzz": "1"})
+    hints = metadata_hints(
+        {
+            **BASE,
+            "metricType": "Value",
+            "caCert": "x",
+            "targetKVUsage": "0.8",
+            "endpoint": "http://x",
+            "enableTLS": "true",
+            "fooFromEnv": "y",
+            "zzz": "1",
+        }
+    )
     text = "\n".join(hints)
     assert "metricType is a trigger field" in text
     assert "TriggerAuthentication" in text
@@ -108,8 +121,8 @@ def test_hints_for_likely_mistakes() -> None:
 def test_registry_logs_hints_once_per_metadata() -> None:
     from structlog.testing import capture_logs
 
-    from scaler.registry import TargetRegistry
-    from scaler.scrape import Scraper
+    from keda_llm_scaler.registry import TargetRegistry
+    from keda_llm_scaler.scrape import Scraper
 
     registry = TargetRegistry(Scraper())
     with capture_logs() as logs:
@@ -120,23 +133,51 @@ def test_registry_logs_hints_once_per_metadata() -> None:
 
 
 def test_the_demand_keys_are_validated_naming_the_key() -> None:
-    from scaler.errors import BadMetadata
-    from scaler.metadata import metadata_hints, parse_trigger
+    from keda_llm_scaler.errors import BadMetadata
+    from keda_llm_scaler.metadata import metadata_hints, parse_trigger
 
     base = {"endpoints": "http://10.0.0.7:8000"}
-    cfg = parse_trigger("ns", "so", {**base, "targetUtilization": "0.8", "replicaCapacity": "12.5",
-                                     "startupSeconds": "240", "ttftSloSeconds": "2", "ttftSloQuantile": "0.99",
-                                     "demandWindow": "600"})
+    cfg = parse_trigger(
+        "ns",
+        "so",
+        {
+            **base,
+            "targetUtilization": "0.8",
+            "replicaCapacity": "12.5",
+            "startupSeconds": "240",
+            "ttftSloSeconds": "2",
+            "ttftSloQuantile": "0.99",
+            "demandWindow": "600",
+        },
+    )
     s = cfg.scoring
-    assert (s.target_utilization, s.replica_capacity, s.startup_s, s.ttft_slo_s, s.ttft_slo_quantile,
-            s.demand_window_s) == (0.8, 12.5, 240.0, 2.0, 0.99, 600.0)
+    assert (
+        s.target_utilization,
+        s.replica_capacity,
+        s.startup_s,
+        s.ttft_slo_s,
+        s.ttft_slo_quantile,
+        s.demand_window_s,
+    ) == (0.8, 12.5, 240.0, 2.0, 0.99, 600.0)
     defaults = parse_trigger("ns", "so", base).scoring
     assert (defaults.target_utilization, defaults.replica_capacity, defaults.startup_s, defaults.ttft_slo_s) == (
-        0.9, None, None, None)
-    for key, bad in (("targetUtilization", "0"), ("targetUtilization", "1e-300"), ("targetUtilization", "1.5"),
-                     ("replicaCapacity", "-1"), ("replicaCapacity", "nan"), ("replicaCapacity", "1e-300"),
-                     ("startupSeconds", "inf"), ("ttftSloSeconds", "fast"), ("ttftSloQuantile", "1"),
-                     ("demandWindow", "5")):
+        0.9,
+        None,
+        None,
+        None,
+    )
+    for key, bad in (
+        ("targetUtilization", "0"),
+        ("targetUtilization", "1e-300"),
+        ("targetUtilization", "1.5"),
+        ("replicaCapacity", "-1"),
+        ("replicaCapacity", "nan"),
+        ("replicaCapacity", "1e-300"),
+        ("startupSeconds", "inf"),
+        ("ttftSloSeconds", "fast"),
+        ("ttftSloQuantile", "1"),
+        ("demandWindow", "5"),
+    ):
         with pytest.raises(BadMetadata) as err:
             parse_trigger("ns", "so", {**base, key: bad})
         assert key in str(err.value)

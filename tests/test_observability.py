@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scaler.sim.keda import KedaEmulator
+from keda_llm_scaler.sim.keda import KedaEmulator
 from tests.payloads import EngineLoad, vllm_v1
 from tests.replicas import replicas
 from tests.scalerproc import channel_to, running_scaler
@@ -49,15 +49,30 @@ def exposition() -> str:
                 deadline = time.monotonic() + 30.0
                 success = 20.0
                 while True:
-                    r.set(payload=vllm_v1([EngineLoad(3, 20, 0.5)], http_2xx=30, http_5xx=1, success=success,
-                                          ttft_observations=[0.2] * 20))
+                    r.set(
+                        payload=vllm_v1(
+                            [EngineLoad(3, 20, 0.5)],
+                            http_2xx=30,
+                            http_5xx=1,
+                            success=success,
+                            ttft_observations=[0.2] * 20,
+                        )
+                    )
                     success += 10.0
                     await asyncio.sleep(0.3)
                     text = await asyncio.to_thread(
-                        lambda: urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode())
-                    wanted = ("llm_scaler_planned_requests_per_second", "llm_scaler_replica_capacity_requests_per_second",
-                              "llm_scaler_ttft_p95_seconds", "llm_scaler_queue_time_p95_seconds",
-                              "llm_scaler_rejects_per_second", "llm_scaler_preemptions_per_second")
+                        lambda: (
+                            urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode()
+                        )
+                    )
+                    wanted = (
+                        "llm_scaler_planned_requests_per_second",
+                        "llm_scaler_replica_capacity_requests_per_second",
+                        "llm_scaler_ttft_p95_seconds",
+                        "llm_scaler_queue_time_p95_seconds",
+                        "llm_scaler_rejects_per_second",
+                        "llm_scaler_preemptions_per_second",
+                    )
                     if all(f"\n{name}{{" in text for name in wanted) or time.monotonic() > deadline:
                         return text
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from scaler.engines import read_replica
+from keda_llm_scaler.engines import read_replica
 from tests.conftest import fixture_text
 
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scaler.demand import DemandEstimate
-from scaler.errors import NoFreshData
-from scaler.policy import IN_FLIGHT_FLOOR, ReplicaInput, ScoringParams, composite
+from keda_llm_scaler.demand import DemandEstimate
+from keda_llm_scaler.errors import NoFreshData
+from keda_llm_scaler.policy import IN_FLIGHT_FLOOR, ReplicaInput, ScoringParams, composite
 
 P = ScoringParams(target_kv_usage=0.85, target_queue_depth=5.0)
 
@@ -168,15 +168,30 @@ def test_incoming_keeps_monotonicity(replicas: list[ReplicaInput], incoming: int
 
 
 def _estimate(need: float, capacity: float | None) -> DemandEstimate:
-    return DemandEstimate(offered_rps=need, recent_rps=need, spread_rps=0.0, growth_rps=0.0, need_rps=need,
-                          capacity_rps=capacity, capacity_source="configured" if capacity else "unknown",
-                          capacity_samples=0, startup_s=180.0, startup_source="default")
+    return DemandEstimate(
+        offered_rps=need,
+        recent_rps=need,
+        spread_rps=0.0,
+        growth_rps=0.0,
+        need_rps=need,
+        capacity_rps=capacity,
+        capacity_source="configured" if capacity else "unknown",
+        capacity_samples=0,
+        startup_s=180.0,
+        startup_source="default",
+    )
 
 
-@given(st.lists(replica, min_size=1, max_size=8), st.floats(0, 1e4), st.floats(0, 1e4),
-       st.one_of(st.none(), st.floats(0.1, 100)), st.floats(0.1, 1.0))
+@given(
+    st.lists(replica, min_size=1, max_size=8),
+    st.floats(0, 1e4),
+    st.floats(0, 1e4),
+    st.one_of(st.none(), st.floats(0.1, 100)),
+    st.floats(0.1, 1.0),
+)
 def test_the_rate_term_only_raises_the_composite_and_is_monotone_in_offered_load(
-        replicas: list[ReplicaInput], need: float, more: float, capacity: float | None, util: float) -> None:
+    replicas: list[ReplicaInput], need: float, more: float, capacity: float | None, util: float
+) -> None:
     """Successor of (b) and (f): the demand can never read a fleet lower than its pressure side (missing
     or low arrival counts never become low load), and more offered load never asks for fewer replicas."""
     if all(r.expired for r in replicas):

@@ -7,7 +7,7 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scaler.promtext import SampleNames, TextFormatError, parse_samples
+from keda_llm_scaler.promtext import SampleNames, TextFormatError, parse_samples
 from tests.conftest import METRICS
 
 FIXTURES = sorted(p.name for p in METRICS.glob("*.txt"))
@@ -61,12 +61,12 @@ def test_subset_selection_keeps_only_wanted_names(fixture: str) -> None:
 
 def test_escapes_special_values_timestamps_and_odd_spacing() -> None:
     text = (
-        '# HELP m a metric\n'
+        "# HELP m a metric\n"
         'm{a="x\\"y",b="line\\nbreak",c="back\\\\slash",d="{}=,"} 1.5 1700000000000\n'
         'm{a="plain"} NaN\n'
         'm{a="inf",} +Inf\n'
         'm{a="neg"} -Inf\n'
-        'm   3e+06\n'
+        "m   3e+06\n"
         'm_longer{a="skip"} 7\n'
         'other{a="b"} 2\n'
     )
@@ -83,7 +83,7 @@ def test_escapes_special_values_timestamps_and_odd_spacing() -> None:
 
 @pytest.mark.parametrize(
     "line",
-    ['m{a="x"', 'm{a=x} 1', 'm{a="x"} one', "m", 'm{a="x"} 1 2 3'],
+    ['m{a="x"', "m{a=x} 1", 'm{a="x"} one', "m", 'm{a="x"} 1 2 3'],
     ids=["unterminated", "unquoted", "bad-value", "no-value", "extra-fields"],
 )
 def test_malformed_wanted_line_raises(line: str) -> None:
@@ -92,5 +92,5 @@ def test_malformed_wanted_line_raises(line: str) -> None:
 
 
 def test_malformed_unwanted_line_is_never_read() -> None:
-    text = 'garbage{{{ not a line\nm 1\n\x00\x01 binary\n'
+    text = "garbage{{{ not a line\nm 1\n\x00\x01 binary\n"
     assert parse_samples(text, SampleNames({"m"}))["m"][0].value == 1.0

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from scaler.rates import CounterWindow, HistogramWindow
-from scaler.signals import Histogram, histogram_quantile
+from keda_llm_scaler.rates import CounterWindow, HistogramWindow
+from keda_llm_scaler.signals import Histogram, histogram_quantile
 
 
 def test_first_sighting_has_no_rate() -> None:

@@ -12,12 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from scaler.sim.run import RunConfig, simulate
-from scaler.sim.trace import BUNDLED_TRACE, load_trace, scale_rate, slice_trace
+from keda_llm_scaler.sim.run import RunConfig, simulate
+from keda_llm_scaler.sim.trace import BUNDLED_TRACE, load_trace, scale_rate, slice_trace
 
 EXE = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
-KEYS = {"policy", "trace", "requests", "slo_attainment", "ttft_p95_s", "gpu_hours", "mean_replicas",
-        "max_replicas", "scale_events", "streams_cut"}
+KEYS = {
+    "policy",
+    "trace",
+    "requests",
+    "slo_attainment",
+    "ttft_p95_s",
+    "gpu_hours",
+    "mean_replicas",
+    "max_replicas",
+    "scale_events",
+    "streams_cut",
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +56,26 @@ def test_trace_loading_and_rate_scaling() -> None:
 
 def test_replay_json_and_plot(short_trace: Path, tmp_path: Path) -> None:
     png = tmp_path / "run.png"
-    out = subprocess.run([EXE, "replay", "--trace", str(short_trace), "--policy", "composite", "--rate-scale", "6",
-                          "--profile", "70b-h100x4", "--json", "--plot", str(png)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            EXE,
+            "replay",
+            "--trace",
+            str(short_trace),
+            "--policy",
+            "composite",
+            "--rate-scale",
+            "6",
+            "--profile",
+            "70b-h100x4",
+            "--json",
+            "--plot",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert set(summary) >= KEYS
@@ -64,15 +91,18 @@ def test_replay_rejects_bad_input(tmp_path: Path) -> None:
     bad.write_text("a,b,c\n1,2,3\n")
     out = subprocess.run([EXE, "replay", "--trace", str(bad), "--json"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "TIMESTAMP" in out.stderr
-    out = subprocess.run([EXE, "replay", "--trace", str(tmp_path / "missing.csv")], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [EXE, "replay", "--trace", str(tmp_path / "missing.csv")], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2
 
 
 def test_composite_beats_the_cpu_policy_and_static_undersizing(short_trace: Path) -> None:
     trace = scale_rate(load_trace(short_trace), 6)
-    results = {p: simulate(trace, RunConfig(policy=p, knob=k)).summary
-               for p, k in (("composite", 0.15), ("cpu", 0.7), ("static", 2.0))}
+    results = {
+        p: simulate(trace, RunConfig(policy=p, knob=k)).summary
+        for p, k in (("composite", 0.15), ("cpu", 0.7), ("static", 2.0))
+    }
     assert results["composite"]["slo_attainment"] > 0.95
     assert results["cpu"]["slo_attainment"] < 0.7  # CPU never reaches its target: the fleet is starved
     assert results["static"]["slo_attainment"] < results["composite"]["slo_attainment"]
@@ -89,9 +119,26 @@ def test_a_one_hour_trace_replays_in_under_a_minute() -> None:
 
 def test_sweep_writes_pareto_and_table(short_trace: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "sweep"
-    out = subprocess.run([EXE, "replay", "--trace", str(short_trace), "--rate-scale", "2", "--sweep",
-                          "--out-dir", str(out_dir), "--profile", "8b-h100", "--workers", "2"],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            EXE,
+            "replay",
+            "--trace",
+            str(short_trace),
+            "--rate-scale",
+            "2",
+            "--sweep",
+            "--out-dir",
+            str(out_dir),
+            "--profile",
+            "8b-h100",
+            "--workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr
     table = (out_dir / "sweep.md").read_text()
     for policy in ("composite", "queue", "kv", "gpu-util", "cpu", "kaito", "static", "oracle"):
@@ -103,20 +150,47 @@ def test_sweep_writes_pareto_and_table(short_trace: Path, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize(("trace", "scale", "hours"), [("conv", "12", "0.25:0.6"), ("bursty", "4", "0.3:0.65")])
-def test_the_oracle_is_a_lower_bound_on_the_bundled_workloads(tmp_path: Path, trace: str, scale: str,
-                                                              hours: str) -> None:
+def test_the_oracle_is_a_lower_bound_on_the_bundled_workloads(
+    tmp_path: Path, trace: str, scale: str, hours: str
+) -> None:
     """Every policy over its knob on 21 minutes of each bundled workload (the full hours are in docs/):
     no configuration reaches an oracle front point's attainment with fewer GPU-hours."""
-    from scaler.sim.replay import oracle_violations
+    from keda_llm_scaler.sim.replay import oracle_violations
 
     out_dir = tmp_path / trace
-    out = subprocess.run([EXE, "replay", "--trace", trace, "--rate-scale", scale, "--hours", hours,
-                          "--hpa-behavior", "llm", "--sweep", "--out-dir", str(out_dir), "--quiet"],
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [
+            EXE,
+            "replay",
+            "--trace",
+            trace,
+            "--rate-scale",
+            scale,
+            "--hours",
+            hours,
+            "--hpa-behavior",
+            "llm",
+            "--sweep",
+            "--out-dir",
+            str(out_dir),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr
     results = json.loads((out_dir / "sweep.json").read_text())
-    assert {r["policy"] for r in results} == {"composite", "queue", "kv", "gpu-util", "cpu", "kaito", "static",
-                                              "oracle"}
+    assert {r["policy"] for r in results} == {
+        "composite",
+        "queue",
+        "kv",
+        "gpu-util",
+        "cpu",
+        "kaito",
+        "static",
+        "oracle",
+    }
     assert all(r["routing"] == "least-loaded" for r in results)
     oracles = [r for r in results if r["policy"] == "oracle"]
     assert len(oracles) == 5 and max(r["slo_attainment"] for r in oracles) >= 0.99
@@ -128,10 +202,39 @@ def test_the_oracle_is_a_lower_bound_on_the_bundled_workloads(tmp_path: Path, tr
 
 def test_replay_of_a_diurnal_day_from_the_cli(tmp_path: Path) -> None:
     png = tmp_path / "day.png"
-    out = subprocess.run([EXE, "replay", "--trace", "conv", "--rate-curve", "servegen", "--curve-model", "m-small",
-                          "--hours", "17:19", "--peak-rate", "30", "--policy", "composite", "--knob", "0.2",
-                          "--routing", "random", "--warm-nodes", "2", "--node-provision-s", "300", "--json",
-                          "--progress", "--plot", str(png)], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            EXE,
+            "replay",
+            "--trace",
+            "conv",
+            "--rate-curve",
+            "servegen",
+            "--curve-model",
+            "m-small",
+            "--hours",
+            "17:19",
+            "--peak-rate",
+            "30",
+            "--policy",
+            "composite",
+            "--knob",
+            "0.2",
+            "--routing",
+            "random",
+            "--warm-nodes",
+            "2",
+            "--node-provision-s",
+            "300",
+            "--json",
+            "--progress",
+            "--plot",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr
     s = json.loads(out.stdout)
     assert s["workload"].startswith("servegen_aggregate_rate_10min.csv:m-small") and s["duration_s"] == 7200
@@ -143,24 +246,33 @@ def test_replay_of_a_diurnal_day_from_the_cli(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--rate-curve", "servegen"], "--curve-model"),
-    (["--rate-curve", "servegen", "--curve-model", "m-small", "--hours", "400:401"], "beyond"),
-    (["--peak-rate", "10"], "--peak-rate goes with --rate-curve"),
-    (["--rate-scale", "0"], "--rate-scale"),
-    (["--hours", "3:1"], "--hours"),
-    (["--warm-nodes", "-1"], "--warm-nodes"),
-    (["--min-replicas", "0"], "scale from zero"),
-    (["--policy", "static", "--knob", "2.5"], "whole number"),
-    (["--hours", "0:3"], "goes beyond it"),
-    (["--cold-start", "nan"], "--cold-start"),
-    (["--rate-curve", str(Path(__file__).parent / "fixtures" / "servegen_client.csv"), "--curve-model", "m"],
-     "drop --curve-model"),
-    (["--sweep", "--policies", "composite,bogus"], "bogus"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rate-curve", "servegen"], "--curve-model"),
+        (["--rate-curve", "servegen", "--curve-model", "m-small", "--hours", "400:401"], "beyond"),
+        (["--peak-rate", "10"], "--peak-rate goes with --rate-curve"),
+        (["--rate-scale", "0"], "--rate-scale"),
+        (["--hours", "3:1"], "--hours"),
+        (["--warm-nodes", "-1"], "--warm-nodes"),
+        (["--min-replicas", "0"], "scale from zero"),
+        (["--policy", "static", "--knob", "2.5"], "whole number"),
+        (["--hours", "0:3"], "goes beyond it"),
+        (["--cold-start", "nan"], "--cold-start"),
+        (
+            ["--rate-curve", str(Path(__file__).parent / "fixtures" / "servegen_client.csv"), "--curve-model", "m"],
+            "drop --curve-model",
+        ),
+        (["--sweep", "--policies", "composite,bogus"], "bogus"),
+    ],
+)
 def test_replay_refuses_bad_workload_options(argv: list[str], message: str, tmp_path: Path) -> None:
     """Every bad option is one clear line and exit 2, never a traceback or a silent run."""
-    out = subprocess.run([EXE, "replay", "--trace", "conv", *argv, "--out-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [EXE, "replay", "--trace", "conv", *argv, "--out-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     assert message in out.stderr and "Traceback" not in out.stderr

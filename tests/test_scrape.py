@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from scaler.scrape import Scraper
+from keda_llm_scaler.scrape import Scraper
 from tests.payloads import EngineLoad, vllm_v1
 from tests.replicas import Replica, replicas, unused_port
 
@@ -35,7 +35,7 @@ async def test_good_replica(scraper: Scraper) -> None:
         ({"status": 503}, "http_503"),
         ({"status": 404}, "http_404"),
         ({"garbage": True}, "unrecognized_payload"),
-        ({"payload": "vllm:num_requests_waiting{engine=\"0\" 1\n"}, "parse_error"),
+        ({"payload": 'vllm:num_requests_waiting{engine="0" 1\n'}, "parse_error"),
         ({"payload": "# engine still starting\n"}, "unrecognized_payload"),
         ({"huge_bytes": 1024 * 1024}, "too_large"),
         ({"delay_s": 3.0}, "timeout"),
@@ -64,8 +64,9 @@ async def test_one_slow_replica_does_not_delay_the_others(scraper: Scraper) -> N
     with replicas(GOOD, GOOD, GOOD) as fleet:
         fleet[0].set(delay_s=1.5)
         start = time.perf_counter()
-        results = await asyncio.gather(*(scraper.scrape(r.url + "/metrics", timeout=1.0, engine="auto", model=None)
-                                         for r in fleet))
+        results = await asyncio.gather(
+            *(scraper.scrape(r.url + "/metrics", timeout=1.0, engine="auto", model=None) for r in fleet)
+        )
         assert time.perf_counter() - start < 1.4
     assert [r.reason for r in results] == ["timeout", None, None]
 

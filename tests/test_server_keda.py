@@ -16,9 +16,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from scaler._proto import externalscaler_pb2 as pb
-from scaler.server import ScalerServer
-from scaler.sim.keda import KedaEmulator
+from keda_llm_scaler._proto import externalscaler_pb2 as pb
+from keda_llm_scaler.server import ScalerServer
+from keda_llm_scaler.sim.keda import KedaEmulator
 from tests.payloads import EngineLoad, vllm_v1
 from tests.replicas import Replica, replicas, unused_port
 from tests.scalerproc import channel_to, running_scaler
@@ -79,14 +79,17 @@ async def wait_value(keda: KedaEmulator, predicate: Callable[[float], bool], tim
 
 # -- wire, spec ------------------------------------------------------------------------------------
 
+
 async def test_c1_methods_resolve_and_unknown_is_unimplemented(channel: grpc.aio.Channel) -> None:
     with replicas(AT_TARGET) as (r,):
         keda = KedaEmulator(channel, "llm", "serving", meta(r.url))
         obs = await keda.poll()
         assert obs.value == 1.0
-        unknown = channel.unary_unary("/externalscaler.ExternalScaler/Nope",
-                                      request_serializer=pb.ScaledObjectRef.SerializeToString,
-                                      response_deserializer=pb.IsActiveResponse.FromString)
+        unknown = channel.unary_unary(
+            "/externalscaler.ExternalScaler/Nope",
+            request_serializer=pb.ScaledObjectRef.SerializeToString,
+            response_deserializer=pb.IsActiveResponse.FromString,
+        )
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await unknown(keda.ref)
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
@@ -94,8 +97,9 @@ async def test_c1_methods_resolve_and_unknown_is_unimplemented(channel: grpc.aio
 
 async def test_c3_c5_c6_c7_c8_spec_is_pure_valid_and_deterministic(channel: grpc.aio.Channel) -> None:
     dead = f"http://127.0.0.1:{unused_port()}"  # C8: the backend is down
-    keda = KedaEmulator(channel, "llm", "serving",
-                        meta(dead, enableTLS="false", unsafeSsl="false", fooFromEnv="x", somethingElse="1"))
+    keda = KedaEmulator(
+        channel, "llm", "serving", meta(dead, enableTLS="false", unsafeSsl="false", fooFromEnv="x", somethingElse="1")
+    )
     answers, times = [], []
     for _ in range(100):
         start = time.perf_counter()
@@ -121,15 +125,22 @@ async def test_target_value_is_configurable(channel: grpc.aio.Channel) -> None:
 
 @pytest.mark.parametrize(
     ("extra", "key"),
-    [({"targetKvUsage": "abc"}, "targetKvUsage"), ({"engine": "tgi"}, "engine"),
-     ({"endpoints": "http://169.254.169.254/"}, "endpoints"), ({"scrapeInterval": "-1"}, "scrapeInterval")],
+    [
+        ({"targetKvUsage": "abc"}, "targetKvUsage"),
+        ({"engine": "tgi"}, "engine"),
+        ({"endpoints": "http://169.254.169.254/"}, "endpoints"),
+        ({"scrapeInterval": "-1"}, "scrapeInterval"),
+    ],
 )
 async def test_c9_bad_metadata_is_invalid_argument_naming_the_key(
     channel: grpc.aio.Channel, extra: dict[str, str], key: str
 ) -> None:
     keda = KedaEmulator(channel, "llm", "serving", {**meta("http://127.0.0.1:1"), **extra})
-    for call in (keda.stub.GetMetricSpec(keda.ref), keda.stub.IsActive(keda.ref),
-                 keda.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=keda.ref, metricName="llm_composite"))):
+    for call in (
+        keda.stub.GetMetricSpec(keda.ref),
+        keda.stub.IsActive(keda.ref),
+        keda.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=keda.ref, metricName="llm_composite")),
+    ):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await call
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -153,6 +164,7 @@ async def test_service_discovery_without_kubernetes_is_invalid_argument(channel:
 
 
 # -- GetMetrics / IsActive ------------------------------------------------------------------------
+
 
 async def test_c10_c11_value_fields_and_name_matching(channel: grpc.aio.Channel) -> None:
     with replicas(IDLE, IDLE) as fleet:
@@ -230,6 +242,7 @@ async def test_f_failed_replica_keeps_last_value_then_counts_at_target(channel: 
         # past staleAfter: counts as at least at target, never as zero
         assert await wait_value(keda, lambda v: v > 1) == pytest.approx(1.2)
         fleet[0].set(hang_up=True)
+
         # no replica with fresh data: UNAVAILABLE so KEDA's fallback applies (C13, C16)
         async def unavailable() -> bool:
             try:
@@ -241,6 +254,7 @@ async def test_f_failed_replica_keeps_last_value_then_counts_at_target(channel: 
                 assert active_err.value.code() == grpc.StatusCode.UNAVAILABLE
                 return True
             return False
+
         await eventually(unavailable, 5)
         fleet[0].set(hang_up=False)
         fleet[1].set(status=200)
@@ -257,8 +271,11 @@ async def test_c13_unreachable_fleet_is_unavailable_quickly_never_zero(channel: 
 
 
 async def test_g_two_scaler_processes_agree() -> None:
-    payloads = [vllm_v1([EngineLoad(3, 17, 0.61)]), vllm_v1([EngineLoad(0, 40, 0.92), EngineLoad(1, 2, 0.07)]),
-                vllm_v1([EngineLoad(12, 9, 0.33)])]
+    payloads = [
+        vllm_v1([EngineLoad(3, 17, 0.61)]),
+        vllm_v1([EngineLoad(0, 40, 0.92), EngineLoad(1, 2, 0.07)]),
+        vllm_v1([EngineLoad(12, 9, 0.33)]),
+    ]
     with replicas(*payloads) as fleet:
         urls = [r.url for r in fleet]
         async with running_scaler() as a, running_scaler() as b, channel_to(a) as ca, channel_to(b) as cb:
@@ -280,8 +297,9 @@ async def test_c14_deadlines(channel: grpc.aio.Channel) -> None:
         keda = KedaEmulator(channel, "other", "serving", meta(hung.url))
         start = time.perf_counter()
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await keda.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=keda.ref, metricName="llm_composite"),
-                                       timeout=0.05)
+            await keda.stub.GetMetrics(
+                pb.GetMetricsRequest(scaledObjectRef=keda.ref, metricName="llm_composite"), timeout=0.05
+            )
         assert err.value.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
         assert time.perf_counter() - start < 0.5
     finally:
@@ -332,6 +350,7 @@ async def test_c12_concurrent_calls_served_from_memory(channel: grpc.aio.Channel
 
 
 # -- streams --------------------------------------------------------------------------------------
+
 
 class Stream:
     """Drains a server stream into a queue: cancelling a pending read() would cancel the whole RPC."""
@@ -439,6 +458,7 @@ async def test_c24_stream_metric_spec_is_unimplemented(channel: grpc.aio.Channel
 
 
 # -- health ---------------------------------------------------------------------------------------
+
 
 async def test_c25_health_and_readiness_follow_fresh_scrapes(scaler: ScalerServer, channel: grpc.aio.Channel) -> None:
     health = health_pb2_grpc.HealthStub(channel)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scaler.sim.hpa import AVERAGE_VALUE, BEHAVIORS, UTILIZATION, Behavior, Hpa, MetricReading, proposal
+from keda_llm_scaler.sim.hpa import AVERAGE_VALUE, BEHAVIORS, UTILIZATION, Behavior, Hpa, MetricReading, proposal
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from scaler.sim.profiles import PROFILES
-from scaler.sim.replica import Request, SimReplica
+from keda_llm_scaler.sim.profiles import PROFILES
+from keda_llm_scaler.sim.replica import Request, SimReplica
 
 
 def closed_loop(profile: str, concurrency: int, prompt: int, output: int, seconds: float = 120.0):

@@ -7,7 +7,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from scaler.sim.keda import KedaEmulator
+from keda_llm_scaler.sim.keda import KedaEmulator
 from tests.payloads import EngineLoad, vllm_v1
 from tests.replicas import replicas, unused_port
 from tests.scalerproc import channel_to, running_scaler
@@ -49,8 +49,10 @@ async def test_exported_values_match_the_served_composite() -> None:
     assert value("llm_scaler_decision_reason", reason="load") == 1
     assert value("llm_scaler_scrape_errors_total", reason="connect_error") >= 1
     assert value("llm_scaler_scrape_duration_seconds_count") >= 3
-    assert any(lab.get("method") == "GetMetrics" and lab.get("code") == "OK"
-               for lab, _ in m["llm_scaler_rpc_duration_seconds_count"])
+    assert any(
+        lab.get("method") == "GetMetrics" and lab.get("code") == "OK"
+        for lab, _ in m["llm_scaler_rpc_duration_seconds_count"]
+    )
     assert all(name.startswith("llm_scaler_") for name in m)
 
 

@@ -11,8 +11,8 @@ import pytest
 import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from scaler._proto import externalscaler_pb2 as pb
-from scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_llm_scaler._proto import externalscaler_pb2 as pb
+from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from tests.scalerproc import running_scaler
 
 HOST = "llm-scaler.keda.svc"
@@ -26,9 +26,13 @@ def pki(tmp_path: Path) -> dict[str, Path]:
     other_ca = trustme.CA()
     stranger = other_ca.issue_cert("stranger")
     files = {
-        "ca": ca.cert_pem, "server_cert": server.cert_chain_pems[0], "server_key": server.private_key_pem,
-        "client_cert": client.cert_chain_pems[0], "client_key": client.private_key_pem,
-        "stranger_cert": stranger.cert_chain_pems[0], "stranger_key": stranger.private_key_pem,
+        "ca": ca.cert_pem,
+        "server_cert": server.cert_chain_pems[0],
+        "server_key": server.private_key_pem,
+        "client_cert": client.cert_chain_pems[0],
+        "client_key": client.private_key_pem,
+        "stranger_cert": stranger.cert_chain_pems[0],
+        "stranger_key": stranger.private_key_pem,
     }
     out = {}
     for name, blob in files.items():
@@ -53,8 +57,11 @@ async def _check(port: int, creds: grpc.ChannelCredentials) -> int:
     async with grpc.aio.secure_channel(f"127.0.0.1:{port}", creds, options) as ch:
         resp = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=3)
         spec = await pb_grpc.ExternalScalerStub(ch).GetMetricSpec(
-            pb.ScaledObjectRef(name="llm", namespace="serving",
-                               scalerMetadata={"endpoints": "http://127.0.0.1:9", "enableTLS": "true"}), timeout=3)
+            pb.ScaledObjectRef(
+                name="llm", namespace="serving", scalerMetadata={"endpoints": "http://127.0.0.1:9", "enableTLS": "true"}
+            ),
+            timeout=3,
+        )
         assert spec.metricSpecs[0].metricName == "llm_composite"
         return resp.status
 
@@ -69,8 +76,9 @@ async def test_server_tls(pki: dict[str, Path]) -> None:
 
 
 async def test_mutual_tls_requires_a_client_cert_from_the_ca(pki: dict[str, Path]) -> None:
-    async with running_scaler(tls_cert=pki["server_cert"], tls_key=pki["server_key"],
-                              tls_client_ca=pki["ca"]) as server:
+    async with running_scaler(
+        tls_cert=pki["server_cert"], tls_key=pki["server_key"], tls_client_ca=pki["ca"]
+    ) as server:
         assert await _check(server.grpc_port, _creds(pki, "client")) == health_pb2.HealthCheckResponse.SERVING
         for who in (None, "stranger"):
             with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -85,15 +93,31 @@ KEDACLIENT = os.environ.get("KEDACLIENT", "")
 @pytest.mark.skipif(not (KEDACLIENT and os.access(KEDACLIENT, os.X_OK)), reason="set KEDACLIENT=<path>")
 async def test_grpc_go_client_mtls_like_keda(pki: dict[str, Path]) -> None:
     """grpc-go enforces ALPN h2 and verifies the name, exactly as KEDA's client does."""
-    async with running_scaler(tls_cert=pki["server_cert"], tls_key=pki["server_key"],
-                              tls_client_ca=pki["ca"]) as server:
-        base = [KEDACLIENT, "-addr", f"127.0.0.1:{server.grpc_port}", "-op", "health", "-ca", str(pki["ca"]),
-                "-server-name", HOST, "-timeout", "3s"]
+    async with running_scaler(
+        tls_cert=pki["server_cert"], tls_key=pki["server_key"], tls_client_ca=pki["ca"]
+    ) as server:
+        base = [
+            KEDACLIENT,
+            "-addr",
+            f"127.0.0.1:{server.grpc_port}",
+            "-op",
+            "health",
+            "-ca",
+            str(pki["ca"]),
+            "-server-name",
+            HOST,
+            "-timeout",
+            "3s",
+        ]
         import asyncio
 
-        ok = await asyncio.to_thread(subprocess.run, [*base, "-cert", str(pki["client_cert"]),
-                                                      "-key", str(pki["client_key"])],
-                                     capture_output=True, text=True, timeout=30)
+        ok = await asyncio.to_thread(
+            subprocess.run,
+            [*base, "-cert", str(pki["client_cert"]), "-key", str(pki["client_key"])],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert '"status":"SERVING"' in ok.stdout, ok.stdout + ok.stderr
         refused = await asyncio.to_thread(subprocess.run, base, capture_output=True, text=True, timeout=30)
         assert refused.returncode != 0

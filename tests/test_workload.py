@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from scaler.sim.fleet import READY, STARTING, Fleet
-from scaler.sim.profiles import PROFILES
-from scaler.sim.run import RunConfig, TtftHistogram, capacity_at_slo, percentile, simulate
-from scaler.sim.trace import BUNDLED_TRACE, BURSTY_TRACE, TraceRequest, load_trace, peak_to_mean, scale_rate
-from scaler.sim.workload import BUNDLED_CURVE, CurveWorkload, TraceWorkload, load_curve, parse_hours
+from keda_llm_scaler.sim.fleet import READY, STARTING, Fleet
+from keda_llm_scaler.sim.profiles import PROFILES
+from keda_llm_scaler.sim.run import RunConfig, TtftHistogram, capacity_at_slo, percentile, simulate
+from keda_llm_scaler.sim.trace import BUNDLED_TRACE, BURSTY_TRACE, TraceRequest, load_trace, peak_to_mean, scale_rate
+from keda_llm_scaler.sim.workload import BUNDLED_CURVE, CurveWorkload, TraceWorkload, load_curve, parse_hours
 
 
 @pytest.mark.parametrize("trace_path", [BUNDLED_TRACE, BURSTY_TRACE])
@@ -90,8 +90,9 @@ def test_a_day_from_a_curve_is_deterministic_and_keeps_each_window_mean() -> Non
     assert day.duration_s == 6 * 3600 and max(day.rates) == pytest.approx(40)
     rows = list(day.rows())
     assert rows == list(day.rows())  # re-iterable, same stream
-    assert rows != list(CurveWorkload.build(BUNDLED_CURVE, BUNDLED_TRACE, model="m-small", hours=(17, 23),
-                                            peak_rate=40, seed=4).rows())
+    assert rows != list(
+        CurveWorkload.build(BUNDLED_CURVE, BUNDLED_TRACE, model="m-small", hours=(17, 23), peak_rate=40, seed=4).rows()
+    )
     assert all(a[0] <= b[0] for a, b in itertools.pairwise(rows))
     # the count in each hour matches the integral of the interpolated rate within Poisson noise
     for h in range(6):
@@ -108,9 +109,11 @@ def test_a_day_from_a_curve_is_deterministic_and_keeps_each_window_mean() -> Non
 def test_replay_memory_does_not_grow_with_the_day() -> None:
     """Requests stream through: two more hours of day add only their timeline points (one per 10 s),
     far less than any per-request record (a Request alone is ~200 bytes)."""
+
     def peak(hours: int) -> tuple[int, int]:
-        day = CurveWorkload.build(BUNDLED_CURVE, BUNDLED_TRACE, model="m-small", hours=(2, 2 + hours),
-                                  peak_rate=3, seed=0)
+        day = CurveWorkload.build(
+            BUNDLED_CURVE, BUNDLED_TRACE, model="m-small", hours=(2, 2 + hours), peak_rate=3, seed=0
+        )
         capacity_at_slo(PROFILES["8b-h100"], day.token_mix(4000, 0), 2.0)  # cached: measured outside the trace
         tracemalloc.start()
         summary = simulate(day, RunConfig(policy="static", knob=1, profile="8b-h100")).summary
@@ -184,8 +187,9 @@ def test_a_freed_node_goes_to_the_pod_waiting_longest_for_one() -> None:
 def test_node_provisioning_shows_in_the_figures() -> None:
     trace = scale_rate(load_trace(BURSTY_TRACE), 4)
     fast = simulate(trace, RunConfig(policy="composite", knob=0.2, hpa_behavior="llm")).summary
-    slow = simulate(trace, RunConfig(policy="composite", knob=0.2, hpa_behavior="llm", warm_nodes=3,
-                                     node_provision_s=420.0)).summary
+    slow = simulate(
+        trace, RunConfig(policy="composite", knob=0.2, hpa_behavior="llm", warm_nodes=3, node_provision_s=420.0)
+    ).summary
     assert slow["slo_attainment"] < fast["slo_attainment"]
     assert slow["config"]["warm_nodes"] == 3
 
@@ -207,7 +211,7 @@ def test_capacity_on_long_prompts_is_the_knee_not_a_floor() -> None:
 
 
 def test_prompts_larger_than_the_kv_pool_are_refused_not_hung(tmp_path: Path) -> None:
-    from scaler.sim.replica import REJECTED, Request, SimReplica
+    from keda_llm_scaler.sim.replica import REJECTED, Request, SimReplica
 
     rep = SimReplica(PROFILES["8b-h100"])
     huge, small = Request(0, 0.0, 5_000_000, 10), Request(1, 0.1, 100, 10)
@@ -220,8 +224,10 @@ def test_prompts_larger_than_the_kv_pool_are_refused_not_hung(tmp_path: Path) ->
 
 def test_timestamps_with_mixed_offsets_compare_in_utc(tmp_path: Path) -> None:
     path = tmp_path / "tz.csv"
-    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-12 00:00:10+00:00,10,5\n"
-                    "2024-05-12 02:00:05.5+02:00,20,5\n2024-05-12T00:00:20.0011Z,30,5\n")
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-12 00:00:10+00:00,10,5\n"
+        "2024-05-12 02:00:05.5+02:00,20,5\n2024-05-12T00:00:20.0011Z,30,5\n"
+    )
     trace = load_trace(path)
     assert [r.prompt for r in trace] == [20, 10, 30]
     assert [r.t for r in trace] == pytest.approx([0.0, 4.5, 14.5011])
@@ -237,11 +243,13 @@ def test_static_fleets_keep_the_hpa_bounds() -> None:
 
 
 def test_the_oracle_check_uses_the_oracles_own_front() -> None:
-    from scaler.sim.replay import oracle_violations
+    from keda_llm_scaler.sim.replay import oracle_violations
 
-    runs = [{"policy": "oracle", "knob_value": 0.8, "slo_attainment": 1.0, "gpu_hours": 3.0},
-            {"policy": "oracle", "knob_value": 0.9, "slo_attainment": 1.0, "gpu_hours": 2.6},
-            {"policy": "static", "knob_value": 7, "slo_attainment": 1.0, "gpu_hours": 2.8}]
+    runs = [
+        {"policy": "oracle", "knob_value": 0.8, "slo_attainment": 1.0, "gpu_hours": 3.0},
+        {"policy": "oracle", "knob_value": 0.9, "slo_attainment": 1.0, "gpu_hours": 2.6},
+        {"policy": "static", "knob_value": 7, "slo_attainment": 1.0, "gpu_hours": 2.8},
+    ]
     assert oracle_violations(runs) == []  # 0.8 is beaten by the oracle itself
     runs.append({"policy": "static", "knob_value": 6, "slo_attainment": 1.0, "gpu_hours": 2.5})
     assert [(o["knob_value"], r["knob_value"]) for o, r in oracle_violations(runs)] == [(0.9, 6)]
@@ -251,7 +259,7 @@ def test_the_oracle_adds_replicas_in_the_calmest_seconds_before_they_are_needed(
     """A new replica is flooded by least-loaded routing: the oracle brings it in during the quietest
     10 seconds of the minute before the one that needs it, not on the minute boundary (where a burst may
     land on it), and removes replicas on the boundary once no later window within the hold wants them."""
-    from scaler.sim.oracle import HOLD_WINDOWS, oracle_schedule
+    from keda_llm_scaler.sim.oracle import HOLD_WINDOWS, oracle_schedule
 
     busy = 2 + HOLD_WINDOWS  # the minute at 40 req/s; the hold brings its fleet in HOLD_WINDOWS earlier
     reqs = [TraceRequest(t + 0.5, 100, 10) for t in range(60 * busy) if not 80 <= t < 90]  # 1 req/s

@@ -1,0 +1,5 @@
+import sys
+
+from keda_llm_scaler.cli import main
+
+sys.exit(main())

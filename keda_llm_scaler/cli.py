@@ -1,0 +1,217 @@
+"""Command line: ``keda-llm-scaler serve`` and ``keda-llm-scaler inspect``. Argument wiring only."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from keda_llm_scaler.config import add_serve_arguments, settings_from
+from keda_llm_scaler.demand import kv_utilization
+from keda_llm_scaler.engines import ENGINE_CHOICES, read_replica
+from keda_llm_scaler.errors import BadMetadata, ReplicaError
+from keda_llm_scaler.metadata import DEFAULTS, endpoint_urls
+from keda_llm_scaler.policy import ReplicaInput, ScoringParams, score_replica
+from keda_llm_scaler.promtext import TextFormatError
+from keda_llm_scaler.scrape import Scraper
+from keda_llm_scaler.signals import ReplicaSignals, histogram_quantile
+
+__all__ = ["main"]
+
+
+def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="keda-llm-scaler",
+        description="KEDA external scaler for vLLM/SGLang fleets (waiting queue, KV-cache pressure, rejects).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="run the gRPC scaler for KEDA",
+        description="Run the ExternalScaler gRPC service. Every flag can also be set "
+        "through the environment variable named in its help.",
+    )
+    add_serve_arguments(serve)
+    inspect = sub.add_parser(
+        "inspect",
+        help="read one replica's /metrics and print its signals",
+        description="Read one replica's /metrics (a URL or a file) and print the signals the scaler extracts from it.",
+    )
+    inspect.add_argument("target", help="base URL (http://host:8000), /metrics URL, or a file ('-' = stdin)")
+    inspect.add_argument("--engine", choices=ENGINE_CHOICES, default="auto")
+    inspect.add_argument("--model", default=None, help="only series with this model_name")
+    inspect.add_argument("--timeout", type=float, default=5.0, help="seconds, for a URL (default 5)")
+    inspect.add_argument("--target-kv-usage", type=float, default=DEFAULTS["targetKvUsage"])
+    inspect.add_argument("--target-queue-depth", type=float, default=DEFAULTS["targetQueueDepth"])
+    inspect.add_argument("--json", action="store_true", help="print one JSON object")
+    replay = sub.add_parser(
+        "replay",
+        help="replay a request trace through a simulated fleet under a policy",
+        description="Replay a request trace (Azure CSV format) through a simulated vLLM "
+        "fleet under the HPA and one scaling policy, or --sweep all of them.",
+    )
+    demo = sub.add_parser(
+        "demo",
+        help="run a simulated fleet, the real scaler and a KEDA+HPA emulator (~1 min)",
+        description="A small simulated vLLM fleet serving real /metrics on loopback, the real "
+        "scaler server and a KEDA+HPA emulator calling it over gRPC, replaying a "
+        "bundled trace about 12x faster than real time. Writes a summary and a PNG.",
+    )
+    # The simulator is imported only for its own commands: `serve` and `inspect` never load it.
+    if command == "replay":
+        from keda_llm_scaler.sim.replay import add_replay_arguments
+
+        add_replay_arguments(replay)
+    elif command == "demo":
+        from keda_llm_scaler.sim.demo import add_demo_arguments
+
+        add_demo_arguments(demo)
+    return parser
+
+
+class InspectError(Exception):
+    pass
+
+
+async def _fetch_signals(target: str, engine: str, model: str | None, timeout: float) -> ReplicaSignals:
+    try:
+        (url,) = endpoint_urls(target, str(DEFAULTS["metricsPath"]))
+    except BadMetadata as exc:
+        raise InspectError(f"{target}: {str(exc).split(': ', 1)[-1]}") from None
+    scraper = Scraper(max_concurrency=1)
+    try:
+        result = await scraper.scrape(url, timeout=timeout, engine=engine, model=model)
+    finally:
+        await scraper.aclose()
+    if result.signals is None:
+        raise InspectError(f"{url}: {result.reason}: {result.detail}")
+    return result.signals
+
+
+def _read_signals(args: argparse.Namespace) -> tuple[str, ReplicaSignals]:
+    target: str = args.target
+    if "://" in target:
+        return target, asyncio.run(_fetch_signals(target, args.engine, args.model, args.timeout))
+    try:
+        text = sys.stdin.read() if target == "-" else Path(target).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise InspectError(f"cannot read {target}: {exc.strerror or exc}") from None
+    try:
+        return target, read_replica(text, args.engine, args.model)
+    except (TextFormatError, ReplicaError) as exc:
+        raise InspectError(f"{target}: {exc}") from None
+
+
+def _report(source: str, s: ReplicaSignals, params: ScoringParams) -> dict[str, Any]:
+    engines = tuple((e.waiting, e.running) for e in s.engines) if len(s.engines) > 1 else ()
+    score = score_replica(
+        ReplicaInput(
+            waiting=s.waiting, running=s.running, kv_usage=s.kv_usage, kv_usage_max=s.kv_usage_max, engines=engines
+        ),
+        params,
+    )
+    return {
+        "source": source,
+        "engine": s.engine,
+        "models": list(s.models),
+        "signals": {
+            "waiting": s.waiting,
+            "running": s.running,
+            "kv_usage": s.kv_usage,
+            "kv_usage_max": s.kv_usage_max,
+            "preemptions_total": s.preemptions_total,
+            "rejects_total": s.rejects_total,
+            "admitted_total": s.admitted_total,
+            "ttft_p95_s_since_start": histogram_quantile(0.95, s.ttft) if s.ttft else None,
+            "queue_time_p95_s_since_start": histogram_quantile(0.95, s.queue_time) if s.queue_time else None,
+        },
+        "engines": [
+            {"rank": e.rank, "waiting": e.waiting, "running": e.running, "kv_usage": e.kv_usage} for e in s.engines
+        ],
+        # What this replica alone adds to the composite's pressure side (no rates: one scrape has none),
+        # and the share of its capacity its KV says it serves (the demand's reading before one is learned).
+        "demand": round(score.demand, 3),
+        "kv_utilization": round(kv_utilization(s.kv_usage_max), 3),
+    }
+
+
+def _print_human(report: dict[str, Any]) -> None:
+    sig = report["signals"]
+    print(f"{report['source']}: {report['engine']}  models={','.join(report['models']) or '-'}")
+    print(
+        f"  waiting={sig['waiting']:g} running={sig['running']:g} kv_usage={sig['kv_usage']:.3f} "
+        f"(max {sig['kv_usage_max']:.3f})  demand={report['demand']:g} replica-equivalents  "
+        f"~{100 * report['kv_utilization']:.0f} % of capacity by its KV"
+    )
+    for e in report["engines"]:
+        print(f"  engine {e['rank']}: waiting={e['waiting']:g} running={e['running']:g} kv_usage={e['kv_usage']:.3f}")
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+SIM_EXTRA_HINT = "the simulator needs its extra: pip install 'keda-llm-scaler[sim]'"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _build_parser(_command(argv)).parse_args(argv)
+    except ModuleNotFoundError as exc:
+        print(f"keda-llm-scaler: {exc}; {SIM_EXTRA_HINT}", file=sys.stderr)
+        return 2
+    if args.command == "inspect":
+        try:
+            source, signals = _read_signals(args)
+            params = ScoringParams(args.target_kv_usage, args.target_queue_depth)
+        except InspectError as exc:
+            print(f"keda-llm-scaler inspect: {exc}", file=sys.stderr)
+            return 2
+        report = _report(source, signals, params)
+        if args.json:
+            print(json.dumps(report, sort_keys=True))
+        else:
+            _print_human(report)
+        return 0
+
+    if args.command in ("demo", "replay"):
+        try:
+            if args.command == "demo":
+                from keda_llm_scaler.sim.demo import demo_main
+
+                return demo_main(args)
+            from keda_llm_scaler.sim.replay import replay_main
+
+            return replay_main(args)
+        except ModuleNotFoundError as exc:
+            if exc.name != "matplotlib":
+                raise
+            print(f"keda-llm-scaler {args.command}: plots need matplotlib; {SIM_EXTRA_HINT}", file=sys.stderr)
+            return 2
+
+    from keda_llm_scaler.server import run
+    from keda_llm_scaler.telemetry import configure_logging
+
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:
+        print(f"keda-llm-scaler serve: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_json)
+    from keda_llm_scaler.kube import KubeError
+
+    try:
+        asyncio.run(run(settings))
+    except (OSError, KubeError) as exc:
+        print(f"keda-llm-scaler serve: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

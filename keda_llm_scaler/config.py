@@ -1,0 +1,129 @@
+"""Server settings: every ``serve`` flag, its environment variable and its default, in one table."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = ["ENV_PREFIX", "SETTINGS_HELP", "Settings", "add_serve_arguments", "describe", "settings_from"]
+
+ENV_PREFIX: Final = "LLM_SCALER_"
+
+
+def _bool(raw: str) -> bool:
+    # Go's strconv.ParseBool spellings, as KEDA uses for its own flags.
+    if raw in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if raw in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    raise ValueError(f"{raw!r} is not a boolean (true/false/1/0)")
+
+
+def _path(raw: str) -> Path | None:
+    return Path(raw) if raw else None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = "0.0.0.0"
+    grpc_port: int = 9090
+    metrics_port: int = 8080
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    log_level: str = "info"
+    log_json: bool | None = None
+    target_idle_ttl: float = 600.0
+    max_targets: int = 1000
+    allow_cross_namespace: bool = False
+    warmup_wait: float = 0.5
+    max_scrape_bytes: int = 8 * 1024 * 1024
+    max_concurrent_scrapes: int = 64
+    kube_api_url: str = ""
+    kube_token_file: Path | None = None
+    kube_ca_file: Path | None = None
+    kubeconfig: Path | None = None
+    kube_context: str = ""
+    shutdown_grace: float = 5.0
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        for port in (self.grpc_port, self.metrics_port):
+            if not 0 <= port <= 65535:
+                raise ValueError(f"port {port} out of range")
+
+
+SETTINGS_HELP: Final[dict[str, str]] = {
+    "host": "address to listen on (gRPC and metrics)",
+    "grpc_port": "gRPC port for KEDA: ExternalScaler, health, reflection (0 picks a free port)",
+    "metrics_port": "HTTP port of the scaler's own /metrics (0 picks a free port)",
+    "tls_cert": "PEM server certificate for the gRPC port (enables TLS)",
+    "tls_key": "PEM private key of --tls-cert",
+    "tls_client_ca": "PEM CA bundle: require client certificates signed by it (mTLS)",
+    "log_level": "debug | info | warning | error",
+    "log_json": "JSON logs (default: JSON unless stdout is a terminal)",
+    "target_idle_ttl": "seconds without a KEDA call before a target stops being scraped",
+    "max_targets": "most targets (ScaledObject fleets) served at once",
+    "allow_cross_namespace": "let a ScaledObject discover a Service in another namespace",
+    "warmup_wait": "seconds a new target's first call may wait for its first scrape",
+    "max_scrape_bytes": "largest /metrics body read from a replica",
+    "max_concurrent_scrapes": "replica scrapes in flight at once, all targets together",
+    "kube_api_url": "Kubernetes API URL (default: in-cluster service account, when present)",
+    "kube_token_file": "bearer token file for --kube-api-url",
+    "kube_ca_file": "CA file for --kube-api-url",
+    "kubeconfig": "kubeconfig file for development (token or client-certificate users)",
+    "kube_context": "context of --kubeconfig (default: its current-context)",
+    "shutdown_grace": "seconds in-flight RPCs get to finish on SIGTERM",
+}
+
+# Field annotations are strings here (from __future__ import annotations).
+_PARSERS: Final[dict[str, Callable[[str], Any]]] = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": _bool,
+    "Path | None": _path,
+    "bool | None": _bool,
+}
+
+
+def _parser_for(name: str) -> Callable[[str], Any]:
+    annotation = next(f.type for f in fields(Settings) if f.name == name)
+    return _PARSERS[str(annotation)]
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    for f in fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        env = ENV_PREFIX + f.name.upper()
+        default = f.default
+        shown = "" if default is None or default == "" else f" (default {default})"
+        parser.add_argument(
+            flag, dest=f.name, type=_parser_for(f.name), default=None, help=f"{SETTINGS_HELP[f.name]}{shown}; env {env}"
+        )
+
+
+def settings_from(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> Settings:
+    """Flags win over environment variables, which win over defaults."""
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        flag_value = getattr(args, f.name, None)
+        if flag_value is not None:
+            values[f.name] = flag_value
+        elif (raw := env.get(ENV_PREFIX + f.name.upper())) is not None:
+            try:
+                values[f.name] = _parser_for(f.name)(raw)
+            except ValueError as exc:
+                raise ValueError(f"{ENV_PREFIX}{f.name.upper()}: {exc}") from None
+    return Settings(**values)
+
+
+def describe(settings: Settings) -> dict[str, str]:
+    return {f.name: str(getattr(settings, f.name)) for f in fields(settings)}

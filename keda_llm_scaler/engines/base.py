@@ -1,0 +1,123 @@
+"""Shared pieces of the engine adapters: series filtering, grouping and histogram assembly."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from keda_llm_scaler.errors import MissingSignal, ModelNotFound
+from keda_llm_scaler.promtext import Sample, SampleNames
+from keda_llm_scaler.signals import EngineSignals, Histogram, ReplicaSignals
+
+__all__ = [
+    "EngineAdapter",
+    "Samples",
+    "SeriesFilter",
+    "assemble_engines",
+    "counter_sum",
+    "gauge_by_group",
+    "histogram",
+    "histogram_names",
+]
+
+Samples = Mapping[str, Sequence[Sample]]
+
+
+class EngineAdapter(Protocol):
+    """Maps one engine's metric names to ReplicaSignals; adapters only map names."""
+
+    name: str
+    sample_names: SampleNames
+
+    def claims(self, samples: Samples) -> bool: ...
+
+    def extract(self, samples: Samples, model: str | None) -> ReplicaSignals: ...
+
+
+def histogram_names(family: str) -> set[str]:
+    return {f"{family}_bucket", f"{family}_count", f"{family}_sum"}
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesFilter:
+    """Keeps the series of one model; label ``model_labels`` name the model across versions."""
+
+    model: str | None
+    model_labels: tuple[str, ...]
+
+    def model_of(self, sample: Sample) -> str | None:
+        for label in self.model_labels:
+            if label in sample.labels:
+                return sample.labels[label]
+        return None
+
+    def keep(self, sample: Sample) -> bool:
+        if self.model is None:
+            return True
+        model = self.model_of(sample)
+        return model is None or model == self.model
+
+    def select(self, samples: Samples, name: str) -> list[Sample]:
+        return [s for s in samples.get(name, ()) if self.keep(s)]
+
+    def require(self, samples: Samples, name: str) -> list[Sample]:
+        """The kept series of a family the composite cannot do without."""
+        present = samples.get(name, ())
+        if not present:
+            raise MissingSignal(name)
+        kept = [s for s in present if self.keep(s)]
+        if not kept:
+            assert self.model is not None
+            raise ModelNotFound(self.model, (m for s in present if (m := self.model_of(s)) is not None))
+        return kept
+
+
+def gauge_by_group(
+    series: Iterable[Sample], group_of: Callable[[Sample], str], combine: Callable[[Iterable[float]], float]
+) -> dict[str, float]:
+    """Per data-parallel group, combine the group's series (NaN readings are dropped)."""
+    grouped: dict[str, list[float]] = {}
+    for s in series:
+        grouped.setdefault(group_of(s), [])
+        if not math.isnan(s.value):
+            grouped[group_of(s)].append(s.value)
+    return {g: combine(v) if v else math.nan for g, v in grouped.items()}
+
+
+def assemble_engines(
+    waiting: Mapping[str, float],
+    running: Mapping[str, float],
+    kv: Mapping[str, float],
+    families: tuple[str, str, str],
+    rank_label: str,
+) -> list[EngineSignals]:
+    """One EngineSignals per data-parallel rank; a rank missing any of the three is missing data."""
+    engines = []
+    for rank in sorted(set(waiting) | set(running) | set(kv)):
+        values = (waiting.get(rank, math.nan), running.get(rank, math.nan), kv.get(rank, math.nan))
+        for family, value in zip(families, values, strict=True):
+            if math.isnan(value):
+                raise MissingSignal(f"{family}{{{rank_label}={rank!r}}}")
+        engines.append(EngineSignals(rank, *values))
+    return engines
+
+
+def counter_sum(series: Sequence[Sample]) -> float | None:
+    values = [s.value for s in series if not math.isnan(s.value)]
+    return sum(values) if values else None
+
+
+def histogram(samples: Samples, family: str, keep: Callable[[Sample], bool]) -> Histogram | None:
+    """All kept series of a histogram summed by bucket bound (engines, priorities and so on)."""
+    by_le: dict[float, float] = {}
+    for s in samples.get(f"{family}_bucket", ()):
+        if keep(s) and "le" in s.labels:
+            le = float(s.labels["le"])
+            by_le[le] = by_le.get(le, 0.0) + s.value
+    if not by_le or not math.isinf(max(by_le)):
+        return None
+    count = sum(s.value for s in samples.get(f"{family}_count", ()) if keep(s))
+    total = sum(s.value for s in samples.get(f"{family}_sum", ()) if keep(s))
+    return Histogram(tuple(sorted(by_le.items())), count, total)

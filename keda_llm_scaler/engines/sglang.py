@@ -1,0 +1,62 @@
+"""SGLang (``model_name`` or the early ``name`` label, tp/pp/dp rank labels) -> ReplicaSignals."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from keda_llm_scaler.engines.base import (
+    Samples,
+    SeriesFilter,
+    assemble_engines,
+    counter_sum,
+    gauge_by_group,
+    histogram,
+    histogram_names,
+)
+from keda_llm_scaler.promtext import Sample, SampleNames
+from keda_llm_scaler.signals import ReplicaSignals
+
+__all__ = ["SglangAdapter"]
+
+WAITING: Final = "sglang:num_queue_reqs"
+RUNNING: Final = "sglang:num_running_reqs"
+KV: Final = "sglang:token_usage"  # used KV tokens / max_total_num_tokens, a fraction
+RETRACTIONS: Final = "sglang:num_retracted_requests_total"  # SGLang's preemption (2026 builds)
+FINISHED: Final = "sglang:num_requests_total"
+TTFT: Final = "sglang:time_to_first_token_seconds"
+QUEUE_TIME: Final = "sglang:queue_time_seconds"
+
+
+def _dp_rank(sample: Sample) -> str:
+    # One scheduler per DP rank; with --enable-metrics-for-all-schedulers every TP/PP rank of that
+    # scheduler repeats the same queue, so ranks are grouped by dp_rank and combined with max, not sum.
+    return sample.labels.get("dp_rank", "0")
+
+
+class SglangAdapter:
+    name = "sglang"
+    sample_names = SampleNames(
+        {WAITING, RUNNING, KV, RETRACTIONS, FINISHED} | histogram_names(TTFT) | histogram_names(QUEUE_TIME)
+    )
+
+    def claims(self, samples: Samples) -> bool:
+        return any(n in samples for n in (WAITING, RUNNING, KV))
+
+    def extract(self, samples: Samples, model: str | None) -> ReplicaSignals:
+        flt = SeriesFilter(model, ("model_name", "name"))
+        waiting = gauge_by_group(flt.require(samples, WAITING), _dp_rank, max)
+        running = gauge_by_group(flt.require(samples, RUNNING), _dp_rank, max)
+        kv = gauge_by_group(flt.require(samples, KV), _dp_rank, max)
+        engines = assemble_engines(waiting, running, kv, (WAITING, RUNNING, KV), "dp_rank")
+        return ReplicaSignals.from_engines(
+            self.name,
+            engines,
+            models=tuple(sorted({m for s in samples.get(WAITING, ()) if (m := flt.model_of(s))})),
+            preemptions_total=counter_sum(flt.select(samples, RETRACTIONS)),
+            # SGLang has no admission-reject counter: queue-full 503s are not distinguishable from
+            # client aborts in num_aborted_requests_total, so the reject term stays unavailable.
+            rejects_total=None,
+            admitted_total=counter_sum(flt.select(samples, FINISHED)),
+            ttft=histogram(samples, TTFT, flt.keep),
+            queue_time=histogram(samples, QUEUE_TIME, flt.keep),
+        )

@@ -1,0 +1,81 @@
+"""vLLM (V0 and V1 names, data-parallel ``engine`` label) -> ReplicaSignals."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from keda_llm_scaler.engines.base import (
+    Samples,
+    SeriesFilter,
+    assemble_engines,
+    counter_sum,
+    gauge_by_group,
+    histogram,
+    histogram_names,
+)
+from keda_llm_scaler.errors import MissingSignal
+from keda_llm_scaler.promtext import Sample, SampleNames
+from keda_llm_scaler.signals import ReplicaSignals
+
+__all__ = ["VllmAdapter"]
+
+WAITING: Final = "vllm:num_requests_waiting"
+RUNNING: Final = "vllm:num_requests_running"
+# Renamed in 0.9.2; both are emitted with identical values until 0.11 hides the old one. Never add them.
+KV_NAMES: Final = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+PREEMPTIONS: Final = "vllm:num_preemptions_total"
+# Proposed upstream (vLLM PR #55812); read when present.
+ADMISSION_REJECTIONS: Final = "vllm:admission_rejections_total"
+# Until then admission 503s show only as grouped HTTP status (prometheus-fastapi-instrumentator).
+HTTP_REQUESTS: Final = "http_requests_total"
+SUCCESS: Final = "vllm:request_success_total"
+TTFT: Final = "vllm:time_to_first_token_seconds"
+QUEUE_TIME: Final = "vllm:request_queue_time_seconds"
+
+
+def _engine_rank(sample: Sample) -> str:
+    # V1 labels every engine series with its data-parallel index; V0 and early V1 have one engine.
+    return sample.labels.get("engine", "0")
+
+
+def _is_generation_handler(sample: Sample) -> bool:
+    return sample.labels.get("handler", "").startswith("/v1/")
+
+
+class VllmAdapter:
+    name = "vllm"
+    sample_names = SampleNames(
+        {WAITING, RUNNING, *KV_NAMES, PREEMPTIONS, ADMISSION_REJECTIONS, HTTP_REQUESTS, SUCCESS}
+        | histogram_names(TTFT)
+        | histogram_names(QUEUE_TIME)
+    )
+
+    def claims(self, samples: Samples) -> bool:
+        return any(n in samples for n in (WAITING, RUNNING, *KV_NAMES))
+
+    def extract(self, samples: Samples, model: str | None) -> ReplicaSignals:
+        flt = SeriesFilter(model, ("model_name",))
+        waiting = gauge_by_group(flt.require(samples, WAITING), _engine_rank, sum)
+        running = gauge_by_group(flt.require(samples, RUNNING), _engine_rank, sum)
+        kv: dict[str, float] = {}
+        for name in reversed(KV_NAMES):  # the new name wins per engine where both exist
+            kv.update(gauge_by_group(flt.select(samples, name), _engine_rank, max))
+        if not kv:
+            raise MissingSignal(" or ".join(KV_NAMES))
+        engines = assemble_engines(waiting, running, kv, (WAITING, RUNNING, KV_NAMES[0]), "engine")
+
+        rejects = counter_sum(flt.select(samples, ADMISSION_REJECTIONS))
+        if rejects is None:
+            http = [s for s in samples.get(HTTP_REQUESTS, ()) if _is_generation_handler(s)]
+            if http:  # the family exists: 5xx series are created lazily, so none yet means 0
+                rejects = sum(s.value for s in http if s.labels.get("status") == "5xx")
+        return ReplicaSignals.from_engines(
+            self.name,
+            engines,
+            models=tuple(sorted({m for s in samples.get(WAITING, ()) if (m := flt.model_of(s))})),
+            preemptions_total=counter_sum(flt.select(samples, PREEMPTIONS)),
+            rejects_total=rejects,
+            admitted_total=counter_sum(flt.select(samples, SUCCESS)),
+            ttft=histogram(samples, TTFT, flt.keep),
+            queue_time=histogram(samples, QUEUE_TIME, flt.keep),
+        )

@@ -1,0 +1,70 @@
+"""The scaler's exceptions.
+
+    ScalerError
+    ├── BadMetadata        trigger metadata is malformed or out of range  -> INVALID_ARGUMENT
+    ├── UnknownMetric      GetMetrics asked for a name we never returned  -> NOT_FOUND
+    ├── NoFreshData        no replica of a non-empty fleet has fresh data -> UNAVAILABLE
+    └── ReplicaError       one replica could not be read (kept as data on that replica, never raised to KEDA)
+        ├── MissingSignal      a family the composite needs is absent (never read as zero)
+        ├── ModelNotFound      the `model` filter matches no series
+        └── UnrecognizedPayload no known engine's families in the payload
+
+The gRPC layer maps these to status codes in exactly one place (keda_llm_scaler.service).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = [
+    "BadMetadata",
+    "MissingSignal",
+    "ModelNotFound",
+    "NoFreshData",
+    "ReplicaError",
+    "ScalerError",
+    "UnknownMetric",
+    "UnrecognizedPayload",
+]
+
+
+class ScalerError(Exception):
+    """Base of every error the scaler raises on purpose."""
+
+
+class BadMetadata(ScalerError):
+    def __init__(self, key: str, problem: str, accepted: str) -> None:
+        self.key = key
+        super().__init__(f"metadata key {key!r}: {problem}; accepted: {accepted}")
+
+
+class UnknownMetric(ScalerError):
+    def __init__(self, asked: str, served: str) -> None:
+        super().__init__(f"unknown metric name {asked!r}: this scaler serves {served!r}")
+
+
+class NoFreshData(ScalerError):
+    """Raised instead of answering 0, so that KEDA's fallback applies."""
+
+
+class ReplicaError(ScalerError):
+    reason = "error"
+
+
+class MissingSignal(ReplicaError):
+    reason = "missing_signal"
+
+    def __init__(self, family: str) -> None:
+        self.family = family
+        super().__init__(f"family {family} is absent (metrics disabled, or the engine is still starting)")
+
+
+class ModelNotFound(ReplicaError):
+    reason = "model_not_found"
+
+    def __init__(self, model: str, seen: Iterable[str]) -> None:
+        super().__init__(f"no series with model_name={model!r}; models served: {sorted(set(seen))}")
+
+
+class UnrecognizedPayload(ReplicaError):
+    reason = "unrecognized_payload"

@@ -1,0 +1,238 @@
+"""A fleet's scoring state across scrapes: last good signals, counter windows, the composite.
+
+Pure (the clock is passed in, no I/O): the server's scrape loop feeds it real scrapes, the fleet
+simulator feeds it simulated replicas, and both get the same numbers from the same code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+from keda_llm_scaler.demand import DemandConfig, DemandEstimate, DemandTracker, ReplicaCounters
+from keda_llm_scaler.errors import NoFreshData
+from keda_llm_scaler.policy import Composite, ReplicaInput, ScoringParams, composite
+from keda_llm_scaler.rates import DEFAULT_WINDOW_S, CounterWindow, HistogramWindow
+from keda_llm_scaler.signals import Histogram, ReplicaSignals, histogram_quantile
+
+__all__ = [
+    "EXPIRED",
+    "FRESH",
+    "REPLICA_STATES",
+    "STALE",
+    "Evaluation",
+    "FleetState",
+    "Observation",
+    "ReplicaReport",
+]
+
+FRESH: Final = "fresh"
+STALE: Final = "stale"  # this scrape failed; last good data is still inside staleAfter
+EXPIRED: Final = "expired"  # no good data inside staleAfter (or never): counted as at least at target
+REPLICA_STATES: Final = (FRESH, STALE, EXPIRED)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One replica's scrape outcome: signals, or the reason there are none."""
+
+    url: str
+    signals: ReplicaSignals | None
+    reason: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReport:
+    url: str
+    state: str
+    reason: str | None
+    detail: str
+    last_ok_age_s: float | None
+    signals: ReplicaSignals | None
+    reject_rate: float | None
+    admitted_rate: float | None
+    preemption_rate: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    replicas: tuple[ReplicaReport, ...]
+    composite: Composite | None
+    error: str | None  # why composite is None
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float | None = None
+    reject_rate: float | None = None
+    preemption_rate: float | None = None
+    ttft_p95_s: float | None = None
+    queue_time_p95_s: float | None = None
+
+    def count(self, state: str) -> int:
+        return sum(1 for r in self.replicas if r.state == state)
+
+
+@dataclass
+class _ReplicaState:
+    url: str
+    window_s: float
+    signals: ReplicaSignals | None = None
+    last_ok: float | None = None
+    reason: str | None = None
+    detail: str = ""
+    rejects: CounterWindow = field(init=False)
+    admitted: CounterWindow = field(init=False)
+    preemptions: CounterWindow = field(init=False)
+    ttft: HistogramWindow = field(init=False)
+    queue_time: HistogramWindow = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rejects = CounterWindow(self.window_s)
+        self.admitted = CounterWindow(self.window_s)
+        self.preemptions = CounterWindow(self.window_s)
+        self.ttft = HistogramWindow(self.window_s)
+        self.queue_time = HistogramWindow(self.window_s)
+
+    def absorb(self, obs: Observation, now: float) -> None:
+        self.reason, self.detail = obs.reason, obs.detail
+        s = obs.signals
+        if s is None:
+            return
+        self.signals, self.last_ok = s, now
+        for window, value in (
+            (self.rejects, s.rejects_total),
+            (self.admitted, s.admitted_total),
+            (self.preemptions, s.preemptions_total),
+        ):
+            if value is not None:
+                window.observe(now, value)
+        for hwindow, hist in ((self.ttft, s.ttft), (self.queue_time, s.queue_time)):
+            if hist is not None:
+                hwindow.observe(now, hist)
+
+    def report(self, now: float, stale_after: float) -> ReplicaReport:
+        if self.reason is None and self.last_ok == now:
+            state = FRESH
+        elif self.last_ok is not None and now - self.last_ok <= stale_after:
+            state = STALE
+        else:
+            state = EXPIRED
+        return ReplicaReport(
+            url=self.url,
+            state=state,
+            reason=self.reason,
+            detail=self.detail,
+            last_ok_age_s=None if self.last_ok is None else now - self.last_ok,
+            signals=self.signals,
+            reject_rate=self.rejects.rate(),
+            admitted_rate=self.admitted.rate(),
+            preemption_rate=self.preemptions.rate(),
+        )
+
+
+def _policy_input(r: ReplicaReport) -> ReplicaInput:
+    s = r.signals
+    return ReplicaInput(
+        waiting=s.waiting if s else None,
+        running=s.running if s else None,
+        kv_usage=s.kv_usage if s else None,
+        reject_rate=r.reject_rate,
+        admitted_rate=r.admitted_rate,
+        expired=r.state == EXPIRED,
+        kv_usage_max=s.kv_usage_max if s else None,
+        engines=tuple((e.waiting, e.running) for e in s.engines) if s and len(s.engines) > 1 else (),
+    )
+
+
+def _sum_known(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return math.fsum(known) if known else None
+
+
+def _quantile(q: float, merged: Histogram | None) -> float | None:
+    return histogram_quantile(q, merged) if merged is not None else None
+
+
+class FleetState:
+    """Per-replica state of one fleet; ``update`` with each cycle's observations, then ``evaluate``."""
+
+    def __init__(
+        self, params: ScoringParams, stale_after: float, scrape_interval: float, demand: DemandConfig | None = None
+    ) -> None:
+        self.params = params
+        self.stale_after = stale_after
+        self.window_s = max(DEFAULT_WINDOW_S, 3 * scrape_interval)
+        self._replicas: dict[str, _ReplicaState] = {}
+        self._urls: list[str] = []
+        if demand is None:  # the trigger's window; the trend and burst windows keep their proportions
+            w = params.demand_window_s
+            demand = DemandConfig(calm_window_s=w, trend_window_s=1.2 * w, burst_window_s=0.1 * w)
+        self.demand = DemandTracker(scrape_interval, demand)
+
+    def update(self, now: float, observations: Iterable[Observation], starting: int = 0) -> list[tuple[str, bool]]:
+        """Replace the fleet with these replicas' outcomes (``starting``: replicas not ready yet).
+        Returns (url, failing) for replicas whose failing/ok state changed (new replicas count as
+        changed only when they fail)."""
+        obs = sorted(observations, key=lambda o: o.url)
+        urls = [o.url for o in obs]
+        for gone in set(self._replicas) - set(urls):
+            del self._replicas[gone]  # left the fleet: forget its series (no stranded values)
+        changes = []
+        for o in obs:
+            state = self._replicas.get(o.url)
+            was_failing = state is not None and state.reason is not None
+            if state is None:
+                state = self._replicas[o.url] = _ReplicaState(o.url, self.window_s)
+            state.absorb(o, now)
+            if (o.reason is not None) != was_failing:
+                changes.append((o.url, o.reason is not None))
+        self._urls = urls
+        self.demand.observe(
+            now,
+            urls,
+            (
+                ReplicaCounters(
+                    o.url,
+                    o.signals.admitted_total,
+                    o.signals.rejects_total,
+                    o.signals.waiting,
+                    o.signals.running,
+                    o.signals.kv_usage_max,
+                    o.signals.preemptions_total,
+                )
+                for o in obs
+                if o.signals is not None
+            ),
+            starting,
+        )
+        return changes
+
+    def evaluate(self, now: float, incoming: int = 0) -> Evaluation:
+        """``incoming``: replicas starting (not ready yet), counted as capacity on the way."""
+        reports = tuple(self._replicas[u].report(now, self.stale_after) for u in self._urls)
+        live = [r for r in reports if r.state != EXPIRED and r.signals is not None]
+        ttft = [d for r in live if (d := self._replicas[r.url].ttft.delta()) is not None]
+        queue = [d for r in live if (d := self._replicas[r.url].queue_time.delta()) is not None]
+        p = self.params
+        demand: DemandEstimate | None = self.demand.estimate(now, p.replica_capacity, p.startup_s)
+        ttft_merged = Histogram.merge(ttft)
+        slo_q = _quantile(p.ttft_slo_quantile, ttft_merged) if p.ttft_slo_s is not None else None
+        try:
+            comp: Composite | None = composite([_policy_input(r) for r in reports], p, incoming, demand, slo_q)
+            error = None
+        except NoFreshData as exc:
+            comp, error = None, f"{exc}: " + "; ".join(f"{r.url} {r.reason}" for r in reports[:5])
+        return Evaluation(
+            replicas=reports,
+            composite=comp,
+            error=error,
+            waiting=math.fsum(r.signals.waiting for r in live if r.signals),
+            running=math.fsum(r.signals.running for r in live if r.signals),
+            kv_usage=(math.fsum(r.signals.kv_usage for r in live if r.signals) / len(live)) if live else None,
+            reject_rate=_sum_known(r.reject_rate for r in live),
+            preemption_rate=_sum_known(r.preemption_rate for r in live),
+            ttft_p95_s=_quantile(0.95, ttft_merged),
+            queue_time_p95_s=_quantile(0.95, Histogram.merge(queue)),
+        )

@@ -1,0 +1,364 @@
+"""Trigger metadata -> a validated TriggerConfig. Pure: the same metadata always gives the same config.
+
+KEDA forwards the whole ``trigger.metadata`` map (``scalerAddress``, ``enableTLS``, ``unsafeSsl``, keys
+ending in ``FromEnv`` ...), every value a string. Keys this scaler does not define are accepted and
+ignored; likely mistakes get a hint in the log.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import urlsplit
+
+from keda_llm_scaler.demand import bin_seconds
+from keda_llm_scaler.engines import ENGINE_CHOICES
+from keda_llm_scaler.errors import BadMetadata
+from keda_llm_scaler.policy import ScoringParams
+
+__all__ = [
+    "DEFAULTS",
+    "KNOWN_KEYS",
+    "METRIC_NAME",
+    "Discovery",
+    "TriggerConfig",
+    "check_address",
+    "endpoint_urls",
+    "metadata_hints",
+    "parse_trigger",
+]
+
+METRIC_NAME: Final = "llm_composite"
+
+DEFAULTS: Final[dict[str, float | str]] = {
+    "engine": "auto",
+    "metricsPath": "/metrics",
+    "targetKvUsage": 0.85,
+    "targetQueueDepth": 5.0,
+    "targetUtilization": 0.9,
+    "ttftSloQuantile": 0.95,
+    "demandWindow": 300.0,
+    "activationThreshold": 0.0,
+    "targetValue": 1.0,
+    "scrapeInterval": 5.0,
+    "scrapeTimeout": 2.0,
+    "scheme": "http",
+}
+DISCOVERY_KEYS: Final = ("endpoints", "dnsName", "service")
+KNOWN_KEYS: Final = frozenset(
+    {
+        *DISCOVERY_KEYS,
+        "port",
+        "scheme",
+        "engine",
+        "model",
+        "metricsPath",
+        "targetKvUsage",
+        "targetQueueDepth",
+        "activationThreshold",
+        "targetValue",
+        "scrapeInterval",
+        "scrapeTimeout",
+        "staleAfter",
+        "targetUtilization",
+        "replicaCapacity",
+        "startupSeconds",
+        "ttftSloSeconds",
+        "ttftSloQuantile",
+        "demandWindow",
+    }
+)
+# Keys KEDA itself reads and forwards: never worth a hint.
+KEDA_KEYS: Final = frozenset({"scalerAddress", "enableTLS", "unsafeSsl"})
+MISPLACED: Final = {
+    "metricType": "metricType is a trigger field, not metadata: as metadata it has no effect on the HPA",
+    "useCachedMetrics": "useCachedMetrics is a trigger field, not metadata",
+    "caCert": "TLS material belongs in a TriggerAuthentication (KEDA ignores it in metadata)",
+    "tlsClientCert": "TLS material belongs in a TriggerAuthentication (KEDA ignores it in metadata)",
+    "tlsClientKey": "TLS material belongs in a TriggerAuthentication (KEDA ignores it in metadata)",
+    "tlsCertFile": "tlsCertFile was removed in KEDA v2.17; use a TriggerAuthentication",
+}
+MAX_ENDPOINTS: Final = 1000
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}\.?$)([A-Za-z0-9_]([-A-Za-z0-9_]{0,61}[A-Za-z0-9])?\.)*"
+    r"[A-Za-z0-9_]([-A-Za-z0-9_]{0,61}[A-Za-z0-9])?\.?$"
+)
+_LINK_LOCAL_V4 = ipaddress.ip_network("169.254.0.0/16")
+_LINK_LOCAL_V6 = ipaddress.ip_network("fe80::/10")
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """Where the replicas are: exactly one of the three kinds."""
+
+    kind: str  # "static" | "dns" | "kubernetes" | "workload" (zero-config scaleTargetRef)
+    endpoints: tuple[str, ...] = ()  # static: full scrape URLs, sorted
+    dns_name: str = ""
+    service: str = ""
+    namespace: str = ""
+    port: int = 0
+    # No `port` given: `service` scrapes a single-port EndpointSlice on its port, zero-config scrapes
+    # the pod template's container port (named http/metrics, else the first); else the engine default.
+    port_from_slice: bool = False
+    scheme: str = "http"
+    metrics_path: str = "/metrics"
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerConfig:
+    namespace: str
+    name: str
+    discovery: Discovery
+    engine: str
+    model: str | None
+    scoring: ScoringParams
+    activation_threshold: float
+    target_value: float
+    scrape_interval: float
+    scrape_timeout: float
+    stale_after: float
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """Identity of a target: one ScaledObject's fleet as this trigger describes it."""
+        return (
+            self.namespace,
+            self.name,
+            self.discovery,
+            self.engine,
+            self.model,
+            self.scoring,
+            self.activation_threshold,
+            self.target_value,
+            self.scrape_interval,
+            self.scrape_timeout,
+            self.stale_after,
+        )
+
+    @property
+    def label(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def check_address(host: str, key: str) -> None:
+    """Refuse link-local targets (cloud metadata services live there) and non-unicast addresses."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return  # a hostname: checked again after resolution by DNS discovery
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip in _LINK_LOCAL_V4 or ip in _LINK_LOCAL_V6:
+        raise BadMetadata(key, f"link-local address {host} is refused", "routable replica addresses")
+    if ip.is_multicast or ip.is_unspecified:
+        raise BadMetadata(key, f"address {host} is not a unicast host", "routable replica addresses")
+
+
+def _number(meta: Mapping[str, str], key: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    default = DEFAULTS.get(key)
+    raw = meta.get(key)
+    bounds = f"a number {'>' if lo_open else '>='} {lo:g} and <= {hi:g}"
+    if raw is None or raw.strip() == "":
+        if default is None:
+            raise BadMetadata(key, "is required", bounds)
+        return float(default)
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise BadMetadata(key, f"{raw!r} is not a number", bounds) from None
+    if not math.isfinite(value) or value > hi or value < lo or (lo_open and value == lo):
+        raise BadMetadata(key, f"{raw!r} is out of range", bounds)
+    return value
+
+
+def _optional(meta: Mapping[str, str], key: str, lo: float, hi: float) -> float | None:
+    """An optional number in [lo, hi]: absent or empty means "learn it" (or "off")."""
+    if not meta.get(key, "").strip():
+        return None
+    return _number(meta, key, lo, hi)
+
+
+def _demand_window(meta: Mapping[str, str], interval: float) -> float:
+    bins = bin_seconds(interval)
+    if not meta.get("demandWindow", "").strip():  # the default, long enough for any scrape interval
+        return max(float(DEFAULTS["demandWindow"]), 3 * bins)
+    window = _number(meta, "demandWindow", 5.0, 3600.0)
+    if window < 3 * bins:
+        raise BadMetadata(
+            "demandWindow",
+            f"{window:g}s holds fewer than 3 arrival bins of {bins:g}s at scrapeInterval {interval:g}s",
+            f"a number of seconds >= {3 * bins:g}",
+        )
+    return window
+
+
+def _choice(meta: Mapping[str, str], key: str, choices: tuple[str, ...]) -> str:
+    raw = meta.get(key, "").strip().lower() or str(DEFAULTS[key])
+    if raw not in choices:
+        raise BadMetadata(key, f"{meta.get(key)!r} is not supported", " | ".join(choices))
+    return raw
+
+
+def _port(meta: Mapping[str, str], engine: str) -> int:
+    raw = meta.get("port", "").strip()
+    if not raw:
+        return 30000 if engine == "sglang" else 8000  # each engine's default serving port
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise BadMetadata("port", f"{raw!r} is not a port number", "an integer 1-65535")
+    return int(raw)
+
+
+def endpoint_urls(raw: str, metrics_path: str) -> tuple[str, ...]:
+    accepted = "comma-separated http(s) base URLs, e.g. http://10.0.0.7:8000,http://10.0.0.8:8000"
+    urls: set[str] = set()
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        try:
+            parts = urlsplit(item)
+            port = parts.port
+        except ValueError:
+            raise BadMetadata("endpoints", f"{item!r} is not a URL", accepted) from None
+        if parts.scheme not in ("http", "https"):
+            raise BadMetadata("endpoints", f"scheme of {item!r} is not http or https", accepted)
+        if not parts.hostname:
+            raise BadMetadata("endpoints", f"{item!r} has no host", accepted)
+        check_address(parts.hostname, "endpoints")
+        if parts.username or parts.password:
+            raise BadMetadata("endpoints", f"{parts.hostname}: credentials in URLs are refused", accepted)
+        # A base URL gets metricsPath appended; a URL that already names a path is used as it is.
+        path = parts.path if parts.path not in ("", "/") else metrics_path
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        netloc = f"{host}:{port}" if port else host
+        urls.add(f"{parts.scheme}://{netloc}{path}" + (f"?{parts.query}" if parts.query else ""))
+    if not urls:
+        raise BadMetadata("endpoints", "is empty", accepted)
+    if len(urls) > MAX_ENDPOINTS:
+        raise BadMetadata("endpoints", f"{len(urls)} endpoints", f"at most {MAX_ENDPOINTS}")
+    return tuple(sorted(urls))
+
+
+def _discovery(meta: Mapping[str, str], namespace: str, engine: str, allow_cross_namespace: bool) -> Discovery:
+    present = [k for k in DISCOVERY_KEYS if meta.get(k, "").strip()]
+    if len(present) > 1:
+        raise BadMetadata(
+            " | ".join(DISCOVERY_KEYS),
+            f"at most one discovery key, several given ({', '.join(present)})",
+            "endpoints=<URLs> | dnsName=<headless Service name> | service=<name> (+ port), or "
+            "none for the ScaledObject's scaleTargetRef",
+        )
+    metrics_path = meta.get("metricsPath", "").strip() or str(DEFAULTS["metricsPath"])
+    if not metrics_path.startswith("/") or any(c in metrics_path for c in " ?#"):
+        raise BadMetadata("metricsPath", f"{metrics_path!r} is not an absolute path", "a path like /metrics")
+    if not present:  # zero-config: the pods of the ScaledObject's scaleTargetRef
+        return Discovery(
+            "workload",
+            namespace=namespace,
+            port=_port(meta, engine),
+            scheme=_choice(meta, "scheme", ("http", "https")),
+            metrics_path=metrics_path,
+            port_from_slice=not meta.get("port", "").strip(),
+        )
+    kind = present[0]
+    if kind == "endpoints":
+        return Discovery("static", endpoints=endpoint_urls(meta["endpoints"], metrics_path))
+    scheme = _choice(meta, "scheme", ("http", "https"))
+    port = _port(meta, engine)
+    if kind == "dnsName":
+        name = meta["dnsName"].strip().lower()
+        if not _HOSTNAME.match(name):
+            raise BadMetadata("dnsName", f"{name!r} is not a DNS name", "e.g. vllm-headless.serving.svc.cluster.local")
+        check_address(name, "dnsName")
+        return Discovery("dns", dns_name=name, port=port, scheme=scheme, metrics_path=metrics_path)
+    service = meta["service"].strip()
+    svc_ns, _, svc_name = service.rpartition("/")
+    svc_ns = svc_ns or namespace
+    if not _DNS_LABEL.match(svc_name) or (svc_ns and not _DNS_LABEL.match(svc_ns)):
+        raise BadMetadata("service", f"{service!r} is not a Service name", "<name> or <namespace>/<name>")
+    if svc_ns != namespace and not allow_cross_namespace:
+        raise BadMetadata(
+            "service",
+            f"Service in namespace {svc_ns!r} but the ScaledObject is in {namespace!r}; "
+            "cross-namespace discovery is disabled on this scaler",
+            "a Service in the ScaledObject's own namespace",
+        )
+    return Discovery(
+        "kubernetes",
+        service=svc_name,
+        namespace=svc_ns,
+        port=port,
+        scheme=scheme,
+        port_from_slice=not meta.get("port", "").strip(),
+        metrics_path=metrics_path,
+    )
+
+
+def parse_trigger(
+    namespace: str, name: str, meta: Mapping[str, str], *, allow_cross_namespace: bool = False
+) -> TriggerConfig:
+    """Validate trigger metadata; raises BadMetadata naming the key and the accepted values."""
+    engine = _choice(meta, "engine", ENGINE_CHOICES)
+    discovery = _discovery(meta, namespace, engine, allow_cross_namespace)
+    interval = _number(meta, "scrapeInterval", 0.5, 300.0)
+    # The default timeout shrinks with a short interval; an explicit one must fit inside it.
+    timeout_meta = {
+        "scrapeTimeout": meta.get("scrapeTimeout", "").strip() or str(min(float(DEFAULTS["scrapeTimeout"]), interval))
+    }
+    timeout = _number(timeout_meta, "scrapeTimeout", 0.0, 60.0, lo_open=True)
+    if timeout > interval:
+        raise BadMetadata(
+            "scrapeTimeout",
+            f"{timeout:g}s is longer than scrapeInterval {interval:g}s",
+            "a number of seconds <= scrapeInterval",
+        )
+    default_ttl = max(3 * interval, 15.0)
+    stale_after = _number(
+        {"staleAfter": meta.get("staleAfter", "") or str(default_ttl)}, "staleAfter", interval, 3600.0
+    )
+    model = meta.get("model", "").strip() or None
+    return TriggerConfig(
+        namespace=namespace,
+        name=name,
+        discovery=discovery,
+        engine=engine,
+        model=model,
+        scoring=ScoringParams(
+            target_kv_usage=_number(meta, "targetKvUsage", 0.0, 1.0, lo_open=True),
+            target_queue_depth=_number(meta, "targetQueueDepth", 0.0, 1e6, lo_open=True),
+            target_utilization=_number(meta, "targetUtilization", 0.05, 1.0),
+            replica_capacity=_optional(meta, "replicaCapacity", 0.001, 1e6),
+            startup_s=_optional(meta, "startupSeconds", 1.0, 86400.0),
+            ttft_slo_s=_optional(meta, "ttftSloSeconds", 0.01, 3600.0),
+            ttft_slo_quantile=_number(meta, "ttftSloQuantile", 0.5, 0.999),
+            demand_window_s=_demand_window(meta, interval),
+        ),
+        activation_threshold=_number(meta, "activationThreshold", 0.0, 1e9),
+        target_value=_number(meta, "targetValue", 0.001, 1e9),
+        scrape_interval=interval,
+        scrape_timeout=timeout,
+        stale_after=stale_after,
+    )
+
+
+def metadata_hints(meta: Mapping[str, str]) -> list[str]:
+    """Human hints for keys that are probably mistakes; the keys themselves are ignored."""
+    hints = []
+    lowered = {k.lower(): k for k in KNOWN_KEYS}
+    if meta.get("ttftSloQuantile", "").strip() and not meta.get("ttftSloSeconds", "").strip():
+        hints.append("ttftSloQuantile: has no effect without ttftSloSeconds")
+    for key in sorted(meta):
+        if key in KNOWN_KEYS or key in KEDA_KEYS or key.endswith("FromEnv"):
+            continue
+        if key in MISPLACED:
+            hints.append(f"{key}: {MISPLACED[key]}")
+        elif key.lower() in lowered:
+            hints.append(f"{key}: keys are case-sensitive, did you mean {lowered[key.lower()]!r}?")
+        elif close := difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.8):
+            hints.append(f"{key}: unknown key, did you mean {close[0]!r}?")
+    return hints

@@ -1,0 +1,264 @@
+"""The composite demand metric, in replica-equivalents. Pure: no I/O, no clock, no logging.
+
+With KEDA's default ``AverageValue`` target of 1.0 the HPA asks for ``ceil(composite)`` replicas, so
+the composite answers one question: how many replicas' worth of work does the fleet hold right now?
+
+Per replica i (``kvT`` = targetKvUsage, ``qT`` = targetQueueDepth)::
+
+    load_i    = kv_i / kvT                    KV in use, in replicas at target (1.0 = exactly at target)
+    queue_i   = waiting_i / max(qT, running_i)  work not yet admitted, in batches of what the replica
+                                              runs at once (never smaller than qT requests)
+    reject_i  = min(1, rejects_i / admitted_i)  demand turned away, relative to what the replica serves
+    if the replica is rejecting: load_i = max(load_i, 1)   (admission control fired: it is full)
+    d_i       = load_i + queue_i + reject_i
+    if the replica has work in flight (running + waiting > 0): d_i = max(d_i, 0.01)
+
+    pressure  = sum(d_i)                      replicas summed in a fixed (URL) order
+    if any replica is rejecting: pressure = max(pressure, N + sum(reject_i))
+    rate      = need / (capacity x targetUtilization)     (``keda_llm_scaler.demand``; absent while no capacity
+                                              is configured, learned or read from KV)
+    composite = max(pressure, rate)          (pressure alone when it is 0: nothing in flight anywhere)
+    with ttftSloSeconds: fleet TTFT quantile > SLO and composite >= 0.8 N -> composite >= max(N + 1, 1.25 N)
+                         fleet TTFT quantile > 0.8 x SLO -> composite >= N   (no scale-down near the SLO)
+    composite is rounded to 0.001 (KEDA's and the HPA's resolution)
+
+The rate term is the demand: requests offered to the fleet (with headroom for their spread and their
+growth over one replica start-up) in replicas planned at ``targetUtilization`` of their capacity. It is
+linear in load, and once the capacity is configured or learned it does not depend on how many replicas
+there are, so it cannot feed back on itself (a capacity read from KV is a reading of the replicas).
+The pressure terms are the guard for when the capacity is unknown or wrong: KV, queue and rejects.
+
+On data-parallel pods (several engines behind one endpoint) the fullest engine's KV counts, and the
+queue is each engine's waiting over its own running batch, the worst engine counting: a pod-wide mean
+hides one full engine behind idle ones.
+
+A replica counts as rejecting when rejects are at least 1 % of the requests it finished or rejected
+in the rate window (so a stray HTTP 500 does not buy a replica). The fleet floor ``N + sum(reject_i)``
+means rejects anywhere add capacity even when the load balancer left other replicas idle.
+
+Missing data is never zero load. A replica whose scrape fails keeps its last good score until
+``ttl`` (the caller decides freshness); after that, or if it never answered, it counts as
+``max(last score, 1.0)``, at least at target. With no replica inside its TTL the fleet has no
+fresh data at all and ``composite`` raises NoFreshData, so KEDA's fallback applies. A fleet of zero
+replicas scores 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from keda_llm_scaler.demand import DemandEstimate, nonneg
+from keda_llm_scaler.errors import NoFreshData
+
+__all__ = [
+    "IN_FLIGHT_FLOOR",
+    "REJECT_SHARE_THRESHOLD",
+    "SLO_BREACH_FACTOR",
+    "SLO_HOLD_SHARE",
+    "Composite",
+    "ReplicaInput",
+    "ReplicaScore",
+    "ScoringParams",
+    "composite",
+    "score_replica",
+    "slo_floor",
+    "with_incoming",
+]
+
+IN_FLIGHT_FLOOR: Final = 0.01  # 10x KEDA's milli resolution: work in flight is never "inactive"
+REJECT_SHARE_THRESHOLD: Final = 0.01
+MAX_REJECT_TERM: Final = 1.0  # per replica and decision; the HPA doubles at most per 15 s anyway
+SLO_HOLD_SHARE: Final = 0.8  # TTFT above this share of the SLO: no scale-down
+SLO_BREACH_FACTOR: Final = 1.25  # TTFT above the SLO: at least a quarter more (and one more) replicas
+
+
+@dataclass(frozen=True, slots=True)
+class ScoringParams:
+    target_kv_usage: float = 0.85
+    target_queue_depth: float = 5.0
+    target_utilization: float = 0.9
+    replica_capacity: float | None = None  # requests/s one replica serves within the SLO; None: learn it
+    startup_s: float | None = None  # seconds from created to ready; None: learn it
+    ttft_slo_s: float | None = None
+    ttft_slo_quantile: float = 0.95
+    demand_window_s: float = 300.0  # the demand's calm window (trend: 1.2x, burst: 0.1x)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInput:
+    """What the policy sees of one replica.
+
+    ``expired`` is True when the replica has no good data inside its TTL (or never had any); its
+    last good values, if any, are still passed in so that it never counts for less than it did.
+    Rates are per second over the caller's window; None means unknown (first sighting, or the
+    engine exports no such counter), which adds nothing.
+    """
+
+    waiting: float | None = None
+    running: float | None = None
+    kv_usage: float | None = None
+    reject_rate: float | None = None
+    admitted_rate: float | None = None
+    expired: bool = False
+    kv_usage_max: float | None = None  # the fullest data-parallel engine (None: one engine)
+    engines: tuple[tuple[float, float], ...] = ()  # (waiting, running) per engine, when more than one
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaScore:
+    demand: float
+    load: float
+    queue: float
+    reject: float
+    rejecting: bool
+    assumed_at_target: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Composite:
+    value: float
+    replicas: int
+    expired: int
+    load: float
+    queue: float
+    reject: float
+    assumed: float  # demand added by replicas counted as at-target for lack of data
+    dominant: str  # why: reject | slo | rate | load | queue | assumed | idle (see ``composite``)
+    pressure: float = 0.0  # the KV + queue + reject side, before the rate term
+    rate: float | None = None  # replicas the offered load asks for (None: no usable capacity or load)
+    slo_floor: float | None = None  # the TTFT guardrail's floor, when it applies
+    demand: DemandEstimate | None = None
+
+    def active(self, activation_threshold: float) -> bool:
+        return self.value > activation_threshold
+
+
+def _score_signals(r: ReplicaInput, p: ScoringParams) -> ReplicaScore:
+    kv = max(nonneg(r.kv_usage), nonneg(r.kv_usage_max))
+    load = kv / p.target_kv_usage
+    # A replica that runs 200 requests at once drains a queue of 20 in a step or two; one that runs 3
+    # does not. Counting the queue in units of the running batch keeps large-batch pods sane; on a
+    # data-parallel pod each engine drains its own queue with its own batch.
+    if len(r.engines) > 1:
+        queue = max(nonneg(w) / max(p.target_queue_depth, nonneg(n)) for w, n in r.engines)
+    else:
+        queue = nonneg(r.waiting) / max(p.target_queue_depth, nonneg(r.running))
+    rejects, admitted = nonneg(r.reject_rate), nonneg(r.admitted_rate)
+    rejecting = rejects > 0 and rejects >= REJECT_SHARE_THRESHOLD * (rejects + admitted)
+    reject = 0.0
+    if rejecting:
+        reject = MAX_REJECT_TERM if admitted == 0 else min(MAX_REJECT_TERM, rejects / admitted)
+        load = max(load, 1.0)
+    demand = load + queue + reject
+    if nonneg(r.running) + nonneg(r.waiting) > 0:
+        demand = max(demand, IN_FLIGHT_FLOOR)
+    return ReplicaScore(demand, load, queue, reject, rejecting, assumed_at_target=False)
+
+
+def score_replica(r: ReplicaInput, p: ScoringParams) -> ReplicaScore:
+    score = _score_signals(r, p)
+    if r.expired and score.demand < 1.0:
+        return ReplicaScore(1.0, score.load, score.queue, score.reject, score.rejecting, True)
+    return score
+
+
+def with_incoming(excess: float, incoming: int) -> float:
+    """Demand beyond the ready replicas, once ``incoming`` starting replicas count as capacity on the way.
+
+    Each starting replica will take up to one replica-equivalent of that excess, so the excess asks for
+    more only beyond them — but never for less than what is starting while it is larger (the HPA keeps
+    what it started). When no more is starting than the excess needs, nothing changes. Monotone in
+    ``excess``; unchanged when nothing is starting.
+    """
+    if incoming <= 0 or excess <= incoming:
+        return excess
+    return max(excess - incoming, float(incoming))
+
+
+def slo_floor(
+    ttft_quantile_s: float | None, replicas: int, p: ScoringParams, signals: float = math.inf
+) -> float | None:
+    """The TTFT guardrail: none fewer replicas when the fleet is near or above its SLO, and more when it
+    breaches it while the other signals say it is nearly full (``signals`` >= 0.8 N: the breach is about
+    capacity). A breach they do not corroborate (long prompts, a slow node) holds the fleet rather than
+    ratcheting it up with every replica that becomes ready."""
+    if p.ttft_slo_s is None or ttft_quantile_s is None or not math.isfinite(ttft_quantile_s) or replicas <= 0:
+        return None
+    if ttft_quantile_s > p.ttft_slo_s and signals >= SLO_HOLD_SHARE * replicas:
+        return max(replicas + 1.0, SLO_BREACH_FACTOR * replicas)
+    if ttft_quantile_s > SLO_HOLD_SHARE * p.ttft_slo_s:
+        return float(replicas)
+    return None
+
+
+def composite(
+    replicas: Sequence[ReplicaInput],
+    p: ScoringParams,
+    incoming: int = 0,
+    demand: DemandEstimate | None = None,
+    ttft_quantile_s: float | None = None,
+) -> Composite:
+    """Score a fleet. The caller passes replicas in a fixed order (by URL) for determinism.
+
+    ``incoming``: replicas that exist but are not ready yet (not-ready EndpointSlice endpoints).
+    ``demand``: the fleet's offered load (``keda_llm_scaler.demand``); ``ttft_quantile_s``: the fleet's TTFT at
+    ``p.ttft_slo_quantile`` over the rate window, for the SLO guardrail.
+    """
+    if not replicas:
+        # Nothing ready: zero, unless replicas are starting (then hold them: no data says otherwise).
+        value = float(incoming)
+        return Composite(value, 0, 0, 0.0, 0.0, 0.0, value, "assumed" if incoming else "idle", pressure=value)
+    expired = sum(1 for r in replicas if r.expired)
+    if expired == len(replicas):
+        raise NoFreshData(f"no fresh data from any of {len(replicas)} replicas")
+    scores = [score_replica(r, p) for r in replicas]
+    total = math.fsum(s.demand for s in scores)
+    reject = math.fsum(s.reject for s in scores)
+    if any(s.rejecting for s in scores):
+        total = max(total, len(scores) + reject)
+    if total > len(scores):
+        # what exceeds the ready replicas is what the starting ones are coming for
+        total = len(scores) + with_incoming(total - len(scores), incoming)
+    assumed = math.fsum(s.demand - (s.load + s.queue + s.reject) for s in scores if s.assumed_at_target)
+    terms = {
+        "load": math.fsum(s.load for s in scores),
+        "queue": math.fsum(s.queue for s in scores),
+        "reject": reject,
+        "assumed": assumed,
+    }
+    pressure = total
+    rate = demand.replicas(p.target_utilization) if demand is not None else None
+    if rate is not None and pressure > 0:
+        # sizing for the load there is: a fleet with nothing in flight anywhere reads idle (IsActive
+        # false, property h's converse), not busy for as long as the last 5 minutes' mean lasts
+        total = max(total, rate)
+    floor = slo_floor(ttft_quantile_s, len(scores), p, total)
+    if floor is not None:
+        total = max(total, floor)
+    if total <= 0:
+        dominant = "idle"
+    elif any(s.rejecting for s in scores):
+        dominant = "reject"  # rejects also lift load to 1: they are the reason either way
+    elif floor is not None and floor > max(pressure, rate or 0.0):
+        dominant = "slo"
+    elif rate is not None and rate >= pressure:
+        dominant = "rate"
+    else:
+        dominant = max(terms, key=lambda k: terms[k])
+    return Composite(
+        value=round(total, 3),
+        replicas=len(scores),
+        expired=expired,
+        load=terms["load"],
+        queue=terms["queue"],
+        reject=reject,
+        assumed=assumed,
+        dominant=dominant,
+        pressure=pressure,
+        rate=rate,
+        slo_floor=floor,
+        demand=demand,
+    )

@@ -1,0 +1,122 @@
+"""All targets of this process: created on first use, evicted after disuse."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+
+import structlog
+
+from keda_llm_scaler.discovery import make_resolver
+from keda_llm_scaler.errors import ScalerError
+from keda_llm_scaler.kube import KubeClient
+from keda_llm_scaler.metadata import TriggerConfig, metadata_hints, parse_trigger
+from keda_llm_scaler.scrape import Scraper
+from keda_llm_scaler.target import ScrapeObserver, Target
+
+__all__ = ["TargetRegistry", "TooManyTargets"]
+
+log = structlog.get_logger(__name__)
+
+_PARSE_CACHE_SIZE = 1024
+
+
+class TooManyTargets(ScalerError):
+    pass
+
+
+class TargetRegistry:
+    def __init__(
+        self,
+        scraper: Scraper,
+        *,
+        kube: KubeClient | None = None,
+        observer: ScrapeObserver | None = None,
+        idle_ttl_s: float = 600.0,
+        max_targets: int = 1000,
+        allow_cross_namespace: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._scraper = scraper
+        self._kube = kube
+        self._observer = observer
+        self.idle_ttl_s = idle_ttl_s
+        self.max_targets = max_targets
+        self.allow_cross_namespace = allow_cross_namespace
+        self._clock = clock
+        self._targets: dict[tuple[object, ...], Target] = {}
+        # metadata -> config; also remembers which metadata we already logged hints for
+        self._parsed: OrderedDict[tuple[object, ...], TriggerConfig] = OrderedDict()
+
+    def config_for(self, namespace: str, name: str, metadata: Mapping[str, str]) -> TriggerConfig:
+        """Parse (cached) trigger metadata; raises BadMetadata."""
+        key = (namespace, name, tuple(sorted(metadata.items())))
+        cfg = self._parsed.get(key)
+        if cfg is not None:
+            self._parsed.move_to_end(key)
+            return cfg
+        cfg = parse_trigger(namespace, name, metadata, allow_cross_namespace=self.allow_cross_namespace)
+        make_resolver(cfg.discovery, self._kube, name)  # refuses Kubernetes discovery when not configured
+        for hint in metadata_hints(metadata):
+            log.warning("metadata_hint", scaledobject=f"{namespace}/{name}", hint=hint)
+        self._parsed[key] = cfg
+        if len(self._parsed) > _PARSE_CACHE_SIZE:
+            self._parsed.popitem(last=False)
+        return cfg
+
+    def ensure(self, cfg: TriggerConfig) -> Target:
+        """The running target for this config, created and started on first use."""
+        target = self._targets.get(cfg.key)
+        if target is None:
+            if len(self._targets) >= self.max_targets:
+                raise TooManyTargets(f"this scaler already serves {self.max_targets} targets (--max-targets)")
+            target = Target(
+                cfg,
+                make_resolver(cfg.discovery, self._kube, cfg.name),
+                self._scraper,
+                self._observer,
+                clock=self._clock,
+            )
+            self._targets[cfg.key] = target
+            target.start()
+            log.info(
+                "target_registered",
+                target=cfg.label,
+                target_id=target.id,
+                discovery=cfg.discovery.kind,
+                engine=cfg.engine,
+                interval_s=cfg.scrape_interval,
+            )
+        target.touch()
+        return target
+
+    def targets(self) -> list[Target]:
+        return list(self._targets.values())
+
+    async def evict_idle(self) -> int:
+        now = self._clock()
+        idle = [k for k, t in self._targets.items() if t.holders == 0 and now - t.last_used > self.idle_ttl_s]
+        for key in idle:
+            target = self._targets.pop(key)
+            await target.stop()
+            log.info(
+                "target_evicted", target=target.cfg.label, target_id=target.id, idle_s=round(now - target.last_used)
+            )
+        return len(idle)
+
+    async def run_evictor(self, every_s: float = 30.0) -> None:
+        while True:
+            await asyncio.sleep(min(every_s, self.idle_ttl_s))
+            await self.evict_idle()
+
+    async def aclose(self) -> None:
+        for target in list(self._targets.values()):
+            await target.stop()
+        self._targets.clear()
+        with contextlib.suppress(Exception):
+            await self._scraper.aclose()
+        if self._kube is not None:
+            await self._kube.aclose()

@@ -1,0 +1,206 @@
+"""Process wiring: the gRPC server (ExternalScaler, health, reflection, TLS), the metrics port, and
+graceful shutdown (health NOT_SERVING -> streams end with OK -> in-flight RPCs finish -> close)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+from typing import Any, Final
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from keda_llm_scaler._proto import externalscaler_pb2 as pb
+from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_llm_scaler.config import Settings, describe
+from keda_llm_scaler.kube import KubeClient, KubeConfig
+from keda_llm_scaler.registry import TargetRegistry
+from keda_llm_scaler.scrape import Scraper
+from keda_llm_scaler.service import ExternalScalerService
+from keda_llm_scaler.telemetry import ScalerMetrics
+
+__all__ = ["HEALTH_SERVICES", "ScalerServer", "run"]
+
+log = structlog.get_logger(__name__)
+
+HEALTH_SERVICES: Final = ("", "liveness", "readiness")
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+# KEDA's client sets no keepalive and keeps one connection per scaler address for its lifetime:
+# the server pings so idle streams (external-push) survive NATs and conntrack timeouts.
+_GRPC_OPTIONS: Final = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+]
+
+
+def _kube_client(settings: Settings) -> KubeClient | None:
+    """Explicit API URL, else a kubeconfig, else the in-cluster service account, else none."""
+    if settings.kube_api_url:
+        return KubeClient(KubeConfig(settings.kube_api_url, settings.kube_token_file, settings.kube_ca_file))
+    if settings.kubeconfig is not None:
+        return KubeClient(KubeConfig.from_kubeconfig(settings.kubeconfig, settings.kube_context or None))
+    in_cluster = KubeConfig.in_cluster()
+    return KubeClient(in_cluster) if in_cluster is not None else None
+
+
+class _TlsFiles:
+    """The gRPC port's certificate, key and client CA, re-read when they change on disk.
+
+    cert-manager (and any Secret update) rewrites the mounted files in place; grpcio asks before every
+    new TLS handshake whether the configuration changed, so a rotated certificate is served from the
+    next connection on, without a restart. A half-written pair is retried at the next handshake.
+    """
+
+    def __init__(self, cert: Path, key: Path, client_ca: Path | None) -> None:
+        self._paths = [p for p in (cert, key, client_ca) if p is not None]
+        self._cert, self._key, self._ca = cert, key, client_ca
+        self._stamp = self._stat()
+
+    def _stat(self) -> tuple[tuple[int, int], ...]:
+        return tuple((p.stat().st_mtime_ns, p.stat().st_size) for p in self._paths)
+
+    def load(self) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration(
+            [(self._key.read_bytes(), self._cert.read_bytes())],
+            root_certificates=self._ca.read_bytes() if self._ca else None,
+        )
+
+    def reload_if_changed(self) -> grpc.ServerCertificateConfiguration | None:
+        try:
+            stamp = self._stat()
+            if stamp == self._stamp:
+                return None
+            config = self.load()
+        except (OSError, ValueError) as exc:  # mid-rotation: keep serving the current certificate
+            log.warning("tls_reload_failed", error=str(exc))
+            return None
+        self._stamp = stamp
+        log.info("tls_reloaded", cert=str(self._cert))
+        return config
+
+
+class ScalerServer:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.shutdown_event = asyncio.Event()
+        self.scraper = Scraper(max_bytes=settings.max_scrape_bytes, max_concurrency=settings.max_concurrent_scrapes)
+        self.metrics = ScalerMetrics(lambda: self.registry.targets())
+        self.registry = TargetRegistry(
+            self.scraper,
+            kube=_kube_client(settings),
+            observer=self.metrics,
+            idle_ttl_s=settings.target_idle_ttl,
+            max_targets=settings.max_targets,
+            allow_cross_namespace=settings.allow_cross_namespace,
+        )
+        self.health = health.aio.HealthServicer()
+        self.grpc = grpc.aio.server(options=_GRPC_OPTIONS)
+        self.service = ExternalScalerService(
+            self.registry, self.metrics, shutdown=self.shutdown_event, warmup_wait_s=settings.warmup_wait
+        )
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self._http: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ready: bool | None = None
+
+    def _bind(self) -> int:
+        s = self.settings
+        address = f"{s.host}:{s.grpc_port}"
+        if s.tls_cert is None or s.tls_key is None:
+            return self.grpc.add_insecure_port(address)
+        files = _TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca)
+        creds = grpc.dynamic_ssl_server_credentials(  # grpcio documents None as "no change"; the stub omits it
+            files.load(),
+            files.reload_if_changed,  # type: ignore[arg-type]
+            require_client_authentication=s.tls_client_ca is not None,
+        )
+        return self.grpc.add_secure_port(address, creds)
+
+    async def start(self) -> None:
+        pb_grpc.add_ExternalScalerServicer_to_server(self.service, self.grpc)  # type: ignore[no-untyped-call]
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        reflection.enable_server_reflection(
+            (
+                pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self.grpc,
+        )
+        self.grpc_port = self._bind()
+        if self.grpc_port == 0:
+            raise OSError(f"could not listen on {self.settings.host}:{self.settings.grpc_port}")
+        for name in HEALTH_SERVICES:
+            await self.health.set(name, _SERVING)
+        await self.grpc.start()
+        self._http, _ = start_http_server(
+            self.settings.metrics_port, addr=self.settings.host, registry=self.metrics.registry
+        )
+        self.metrics_port = self._http.server_port
+        self._tasks = [
+            asyncio.create_task(self.registry.run_evictor(), name="evictor"),
+            asyncio.create_task(self._watch_readiness(), name="readiness"),
+        ]
+        log.info(
+            "scaler_started",
+            grpc_port=self.grpc_port,
+            metrics_port=self.metrics_port,
+            tls=self.settings.tls_cert is not None,
+            mtls=self.settings.tls_client_ca is not None,
+            settings=describe(self.settings),
+        )
+
+    def readiness(self) -> bool:
+        """Ready unless every target is without fresh data: one broken fleet must not take the scaler
+        (and with it every healthy ScaledObject) out of its Service, but a scaler that can reach no
+        fleet at all, or whose loops are stuck, is not ready."""
+        targets = self.registry.targets()
+        return not targets or any(t.is_fresh() for t in targets)
+
+    async def _watch_readiness(self, every_s: float = 1.0) -> None:
+        while True:
+            ready = self.readiness()
+            if ready != self._ready:
+                await self.health.set("readiness", _SERVING if ready else _NOT_SERVING)
+                if self._ready is not None:
+                    log.warning("readiness_changed", ready=ready)
+                self._ready = ready
+            await asyncio.sleep(every_s)
+
+    async def stop(self) -> None:
+        log.info("scaler_stopping", grace_s=self.settings.shutdown_grace)
+        await self.health.enter_graceful_shutdown()
+        self.shutdown_event.set()  # StreamIsActive handlers return: streams end with OK
+        await asyncio.sleep(0)
+        await self.grpc.stop(self.settings.shutdown_grace)
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.registry.aclose()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+        log.info("scaler_stopped")
+
+
+async def run(settings: Settings) -> None:
+    server = ScalerServer(settings)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()

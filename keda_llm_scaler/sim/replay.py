@@ -1,0 +1,450 @@
+"""``keda-llm-scaler replay``: a trace through the simulated fleet, one policy or a sweep of all."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from keda_llm_scaler.sim.fleet import ROUTINGS
+from keda_llm_scaler.sim.hpa import BEHAVIORS
+from keda_llm_scaler.sim.policies import POLICIES
+from keda_llm_scaler.sim.profiles import PROFILES
+from keda_llm_scaler.sim.run import RunConfig, capacity_at_slo, simulate
+from keda_llm_scaler.sim.trace import TRACES
+from keda_llm_scaler.sim.workload import BUNDLED_CURVE, CurveWorkload, TraceWorkload, Workload, parse_hours
+
+__all__ = ["add_replay_arguments", "replay_main"]
+
+
+def _hours(raw: str) -> tuple[float, float]:
+    try:
+        return parse_hours(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _trace_path(raw: str) -> Path:
+    return TRACES.get(raw, Path(raw))
+
+
+def add_replay_arguments(p: argparse.ArgumentParser) -> None:
+    w = p.add_argument_group("workload")
+    w.add_argument(
+        "--trace",
+        required=True,
+        type=_trace_path,
+        help="CSV in the Azure format (TIMESTAMP,ContextTokens,GeneratedTokens), or a bundled one: "
+        f"{', '.join(TRACES)}. With --rate-curve it only gives the token mix",
+    )
+    w.add_argument(
+        "--rate-scale",
+        type=float,
+        default=1.0,
+        help="multiply the arrival rate at every time scale (copies overlaid at fractions of the mean "
+        "inter-arrival time; with --rate-curve, the curve's rates) (default 1)",
+    )
+    w.add_argument(
+        "--rate-curve",
+        type=_curve_path,
+        default=None,
+        metavar="CSV",
+        help="build a day from a rate curve: ServeGen's aggregate format (pick --curve-model) or a "
+        "ServeGen client file; 'servegen' = the bundled aggregate. Non-homogeneous Poisson "
+        "arrivals, the --trace token mix, deterministic per --seed",
+    )
+    w.add_argument("--curve-model", default=None, help="with --rate-curve: the model column to use (e.g. m-small)")
+    w.add_argument(
+        "--hours",
+        type=_hours,
+        default=None,
+        metavar="A:B",
+        help="replay hours A to B (from the start of the curve or trace), e.g. 2:14",
+    )
+    w.add_argument(
+        "--peak-rate",
+        type=float,
+        default=None,
+        metavar="RPS",
+        help="with --rate-curve: rescale the curve so its busiest window is RPS req/s (before --rate-scale)",
+    )
+    f = p.add_argument_group("fleet")
+    f.add_argument("--policy", default="composite", choices=list(POLICIES), help="default composite")
+    f.add_argument("--knob", type=float, default=None, help="the policy's main knob (see README); default per policy")
+    f.add_argument("--profile", default="70b-h100x4", choices=list(PROFILES), help="default 70b-h100x4")
+    f.add_argument(
+        "--routing",
+        default="least-loaded",
+        choices=ROUTINGS,
+        help="least-loaded: an inference gateway (fewest in flight); random: a ClusterIP Service; "
+        "round-robin: IPVS rr / a plain proxy (default least-loaded)",
+    )
+    f.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO in seconds (default 2)")
+    f.add_argument(
+        "--hpa-behavior",
+        default="default",
+        choices=list(BEHAVIORS),
+        help="default: Kubernetes' HPA defaults; llm: the README's minute-long-cold-start behavior",
+    )
+    f.add_argument("--cold-start", type=float, default=None, help="mean cold start, s (default: the profile's)")
+    f.add_argument(
+        "--warm-nodes",
+        type=int,
+        default=None,
+        metavar="K",
+        help="GPU nodes kept ready; pods beyond them wait --node-provision-s for a new node "
+        "(default: a node is always there)",
+    )
+    f.add_argument(
+        "--node-provision-s",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="with --warm-nodes: time to get a new GPU node, before the pod's cold start (default 300)",
+    )
+    f.add_argument("--min-replicas", type=int, default=1)
+    f.add_argument("--max-replicas", type=int, default=64)
+    f.add_argument("--max-queue", type=int, default=None, help="admission limit: reject (503) above this queue")
+    f.add_argument("--grace", type=float, default=30.0, help="terminationGracePeriodSeconds (default 30)")
+    f.add_argument("--seed", type=int, default=0)
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print one JSON object with the summary")
+    o.add_argument("--plot", type=Path, default=None, help="write a PNG: load, replicas, demand, TTFT p95")
+    o.add_argument(
+        "--sweep",
+        action="store_true",
+        help="run every policy over its knob; write a Pareto plot and a Markdown table to --out-dir",
+    )
+    o.add_argument("--policies", default=None, metavar="A,B", help="for --sweep: only these policies (default all)")
+    o.add_argument("--out-dir", type=Path, default=Path("replay-sweep"), help="for --sweep (default replay-sweep)")
+    o.add_argument(
+        "--target-attainment",
+        type=float,
+        default=0.99,
+        help="for --sweep: the attainment the table's cheapest-config column aims at (default 0.99)",
+    )
+    o.add_argument("--workers", type=int, default=2, help="for --sweep: processes (default 2)")
+    o.add_argument(
+        "--progress",
+        action="store_true",
+        help="progress on stderr with simulated time, requests and memory (default: a percentage)",
+    )
+    o.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def _curve_path(raw: str) -> Path:
+    return BUNDLED_CURVE if raw == "servegen" else Path(raw)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not (args.rate_scale > 0 and math.isfinite(args.rate_scale)):
+        raise ValueError("--rate-scale must be a finite number > 0")
+    if args.peak_rate is not None and not (args.peak_rate > 0 and math.isfinite(args.peak_rate)):
+        raise ValueError("--peak-rate must be a finite number > 0")
+    if args.peak_rate is not None and args.rate_curve is None:
+        raise ValueError("--peak-rate goes with --rate-curve")
+    if args.curve_model is not None and args.rate_curve is None:
+        raise ValueError("--curve-model goes with --rate-curve")
+    if args.warm_nodes is not None and args.warm_nodes < 0:
+        raise ValueError("--warm-nodes must be >= 0")
+    if not (args.node_provision_s >= 0 and math.isfinite(args.node_provision_s)):
+        raise ValueError("--node-provision-s must be >= 0")
+    if not (args.slo_ttft > 0 and math.isfinite(args.slo_ttft)):
+        raise ValueError("--slo-ttft must be > 0")
+    if args.min_replicas < 1:
+        raise ValueError(
+            "--min-replicas must be >= 1: the simulator has no KEDA activation path (scale from "
+            "zero), so a fleet at zero would stay there"
+        )
+    if args.max_replicas < args.min_replicas:
+        raise ValueError("--max-replicas must be >= --min-replicas")
+    if args.cold_start is not None and not (args.cold_start >= 0 and math.isfinite(args.cold_start)):
+        raise ValueError("--cold-start must be a finite number of seconds >= 0")
+    if not (args.grace >= 0 and math.isfinite(args.grace)):
+        raise ValueError("--grace must be a finite number of seconds >= 0")
+    if args.max_queue is not None and args.max_queue < 1:
+        raise ValueError("--max-queue must be >= 1 (omit it for no admission limit)")
+    if args.policy == "static" and args.knob is not None and args.knob != int(args.knob):
+        raise ValueError("static: --knob is a whole number of replicas")
+
+
+def _config(args: argparse.Namespace, policy: str, knob: float | None) -> RunConfig:
+    return RunConfig(
+        policy=policy,
+        knob=knob,
+        profile=args.profile,
+        slo_ttft_s=args.slo_ttft,
+        min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas,
+        cold_start_s=args.cold_start,
+        grace_s=args.grace,
+        max_queue=args.max_queue,
+        hpa_behavior=args.hpa_behavior,
+        routing=args.routing,
+        warm_nodes=args.warm_nodes,
+        node_provision_s=args.node_provision_s,
+        seed=args.seed,
+    )
+
+
+def load_workload(args: argparse.Namespace) -> Workload:
+    """The workload the arguments describe (a trace file, or a day from a rate curve)."""
+    if args.rate_curve is not None:
+        return CurveWorkload.build(
+            args.rate_curve,
+            args.trace,
+            model=args.curve_model,
+            hours=args.hours,
+            rate_scale=args.rate_scale,
+            peak_rate=args.peak_rate,
+            seed=args.seed,
+        )
+    return TraceWorkload.from_file(args.trace, args.rate_scale, args.seed, args.hours)
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _progress(
+    label: str, quiet: bool, detailed: bool = False, duration_s: float = 0.0
+) -> Callable[[float], None] | None:
+    if quiet:
+        return None
+    tty = sys.stderr.isatty()
+    last = [-1]
+    start = time.perf_counter()
+
+    def show(fraction: float) -> None:
+        pct = int(fraction * 100)
+        extra = ""
+        if detailed:
+            extra = (
+                f" ({fraction * duration_s / 3600:.1f} of {duration_s / 3600:.1f} simulated h, "
+                f"{time.perf_counter() - start:.0f} s, max RSS {_rss_mb():.0f} MB)"
+            )
+        if tty:
+            print(f"\r{label}: {pct:3d}%{extra}", end="", file=sys.stderr, flush=True)
+        elif pct // 10 != last[0]:
+            last[0] = pct // 10
+            print(f"{label}: {pct}%{extra}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no Infinity: a quantile that fell among requests never answered is null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _public(summary: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    hours = {"hours": list(args.hours)} if args.hours is not None and args.rate_curve is None else {}
+    public: dict[str, Any] = _finite({"trace": args.trace.name, "rate_scale": args.rate_scale, **hours, **summary})
+    return public
+
+
+def _one(args: argparse.Namespace) -> int:
+    workload = load_workload(args)
+    start = time.perf_counter()
+    result = simulate(
+        workload,
+        _config(args, args.policy, args.knob),
+        progress=_progress(f"replay {args.policy}", args.quiet, args.progress, workload.duration_s),
+    )
+    if not args.quiet:
+        print(
+            f"\rreplay {args.policy}: done in {time.perf_counter() - start:.1f}s, max RSS {_rss_mb():.0f} MB",
+            file=sys.stderr,
+        )
+    summary = _public(result.summary, args)
+    if args.plot is not None:
+        from keda_llm_scaler.sim.plots import plot_run  # matplotlib only when a plot is asked for
+
+        plot_run(args.plot, summary, result.timeline)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        s = summary
+        print(
+            f"{s['policy']} ({s['knob']}={s['knob_value']:g}) on {s['profile']}, {s['requests']} requests: "
+            f"SLO attainment {s['slo_attainment']:.2%} (TTFT <= {s['slo_ttft_s']:g}s), TTFT p95 "
+            f"{s['ttft_p95_s']:.2f}s, {s['gpu_hours']:.1f} GPU-h, replicas mean {s['mean_replicas']:.1f} "
+            f"max {s['max_replicas']}, {s['scale_events']} scale events, {s['streams_cut']} streams cut "
+            f"({s['routing']} routing)"
+        )
+    return 0
+
+
+def _sweep_job(job: tuple[dict[str, Any], str, float]) -> dict[str, Any]:
+    argv, policy, knob = job
+    args = argparse.Namespace(**argv)
+    return simulate(load_workload(args), _config(args, policy, knob)).summary
+
+
+def _fmt(v: Any, pct: bool = False) -> str:
+    if v is None:
+        return "-"
+    if pct:
+        return f"{100 * v:.1f} %"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def _table(results: list[dict[str, Any]], target: float) -> str:
+    lines = [
+        "| policy | knob | SLO attainment | TTFT p95 (s) | GPU-hours | mean / max replicas | scale events | "
+        "streams cut |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(results, key=lambda r: (list(POLICIES).index(r["policy"]), r["knob_value"])):
+        lines.append(
+            f"| {r['policy']} | {r['knob']}={r['knob_value']:g} | {_fmt(r['slo_attainment'], True)} | "
+            f"{_fmt(r['ttft_p95_s'])} | {r['gpu_hours']:.1f} | {r['mean_replicas']:.1f} / "
+            f"{r['max_replicas']} | {r['scale_events']} | {r['streams_cut']} |"
+        )
+    lines += [
+        "",
+        f"Cheapest configuration per policy reaching {100 * target:g} % SLO attainment (else its best attainment):",
+        "",
+        "| policy | configuration | SLO attainment | GPU-hours |",
+        "|---|---|---|---|",
+    ]
+    for policy in POLICIES:
+        runs = [r for r in results if r["policy"] == policy]
+        if not runs:
+            continue
+        meeting = [r for r in runs if r["slo_attainment"] >= target]
+        best = (
+            min(meeting, key=lambda r: (r["gpu_hours"], r["knob_value"]))
+            if meeting
+            else max(runs, key=lambda r: (r["slo_attainment"], -r["gpu_hours"]))
+        )
+        mark = "" if meeting else " (misses the target)"
+        lines.append(
+            f"| {policy} | {best['knob']}={best['knob_value']:g}{mark} | "
+            f"{_fmt(best['slo_attainment'], True)} | {best['gpu_hours']:.1f} |"
+        )
+    violations = oracle_violations(results)
+    if any(r["policy"] == "oracle" for r in results):
+        lines += [
+            "",
+            "Oracle as a lower bound: "
+            + (
+                "holds — no configuration reaches an oracle point's attainment with fewer GPU-hours."
+                if not violations
+                else "VIOLATED by "
+                + "; ".join(
+                    f"{r['policy']} {r['knob']}={r['knob_value']:g} ({100 * r['slo_attainment']:.1f} %, "
+                    f"{r['gpu_hours']:.1f} GPU-h) vs oracle {o['knob_value']:g} ({100 * o['slo_attainment']:.1f} %, "
+                    f"{o['gpu_hours']:.1f} GPU-h)"
+                    for o, r in violations
+                )
+            ),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def oracle_violations(results: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(oracle point, run) pairs where the run reaches the oracle's attainment with fewer GPU-hours."""
+    oracles = [r for r in results if r["policy"] == "oracle"]
+    # the bound is the oracle's own front: a knob value another oracle point beats says nothing
+    front = [
+        o
+        for o in oracles
+        if not any(p["slo_attainment"] >= o["slo_attainment"] and p["gpu_hours"] < o["gpu_hours"] for p in oracles)
+    ]
+    return [
+        (o, r)
+        for o in front
+        for r in results
+        if r["policy"] != "oracle" and r["slo_attainment"] >= o["slo_attainment"] and r["gpu_hours"] < o["gpu_hours"]
+    ]
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    chosen = list(POLICIES) if args.policies is None else [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in POLICIES]
+    if unknown or not chosen:
+        raise ValueError(
+            f"--policies: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(POLICIES)}"
+        )
+    workload = load_workload(args)  # fail early on a bad workload, and name it in the title
+    knobs = {policy: POLICIES[policy][2] for policy in chosen}
+    if "static" in knobs:
+        knobs["static"] = static_sizes(workload, args)
+    jobs = [(vars(args), policy, knob) for policy in chosen for knob in knobs[policy]]
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        futures = {pool.submit(_sweep_job, job): job for job in jobs}
+        for n, future in enumerate(as_completed(futures), start=1):
+            r = future.result()
+            results.append(r)
+            if not args.quiet:
+                print(
+                    f"sweep {n}/{len(jobs)} ({time.perf_counter() - start:.0f}s): {r['policy']} "
+                    f"{r['knob']}={r['knob_value']:g} -> {r['slo_attainment']:.1%}, {r['gpu_hours']:.1f} GPU-h",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    results.sort(key=lambda r: (list(POLICIES).index(r["policy"]), r["knob_value"]))  # the same file every run
+    title = describe_setup(args, workload)
+    (args.out_dir / "sweep.json").write_text(
+        json.dumps([_public(r, args) for r in results], indent=1, sort_keys=True) + "\n"
+    )
+    (args.out_dir / "sweep.md").write_text(f"# Sweep: {title}\n\n" + _table(results, args.target_attainment))
+    from keda_llm_scaler.sim.plots import plot_pareto
+
+    plot_pareto(args.out_dir / "pareto.png", results, title)
+    if not args.quiet:
+        print(f"wrote {args.out_dir}/sweep.md, sweep.json, pareto.png", file=sys.stderr)
+    if args.json:
+        print(json.dumps([_public(r, args) for r in results], sort_keys=True))
+    return 0
+
+
+def static_sizes(workload: Workload, args: argparse.Namespace) -> tuple[float, ...]:
+    """Static fleets worth sweeping: around the busiest minute's rate over one replica's SLO capacity."""
+    cap = capacity_at_slo(PROFILES[args.profile], workload.token_mix(4000, args.seed), args.slo_ttft, seed=args.seed)
+    per_minute: dict[int, int] = {}
+    for t, _, _ in workload.rows():
+        per_minute[int(t // 60)] = per_minute.get(int(t // 60), 0) + 1
+    need = math.ceil(max(per_minute.values(), default=0) / 60.0 / cap)
+    return tuple(float(n) for n in range(max(1, need - 3), need + 4))
+
+
+def describe_setup(args: argparse.Namespace, workload: Workload) -> str:
+    """One line that says how a figure was made."""
+    cold = f"{args.cold_start:g}" if args.cold_start is not None else f"{PROFILES[args.profile].cold_start_mean_s:g}"
+    nodes = (
+        f", {args.warm_nodes} warm nodes + {args.node_provision_s:g} s per new node"
+        if args.warm_nodes is not None
+        else ""
+    )
+    scale = f" x{args.rate_scale:g}" if args.rate_scale != 1 else ""
+    return (
+        f"{workload.name}{scale} on {args.profile}, {args.routing} routing, cold start {cold} s{nodes}, "
+        f"TTFT SLO {args.slo_ttft:g} s, HPA behavior '{args.hpa_behavior}'"
+    )
+
+
+def replay_main(args: argparse.Namespace) -> int:
+    try:
+        _check(args)
+        return _sweep(args) if args.sweep else _one(args)
+    except (OSError, ValueError) as exc:
+        print(f"keda-llm-scaler replay: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,224 @@
+"""The scaler's own logs and metrics.
+
+Logs: structlog, JSON lines on stdout (console rendering on a TTY), configured once at start.
+Metrics: a private CollectorRegistry. Per-target values are read from the latest snapshots at
+scrape time by a custom collector, so an evicted target or a replica that left leaves no stale series.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Final
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from keda_llm_scaler import __version__
+from keda_llm_scaler.fleet import REPLICA_STATES
+from keda_llm_scaler.metadata import TriggerConfig
+from keda_llm_scaler.scrape import ScrapeResult
+from keda_llm_scaler.target import Target
+
+__all__ = ["ScalerMetrics", "configure_logging"]
+
+VERSION: Final = __version__
+_TARGET_LABELS: Final = ("namespace", "scaledobject", "target")
+
+
+def configure_logging(level: str = "info", json: bool | None = None) -> None:
+    """Configure structlog (and stdlib logging from grpc/httpx) once, at process start."""
+    if json is None:
+        json = not sys.stdout.isatty()
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    numeric = logging.getLevelNamesMapping()[level.upper()]
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.WriteLoggerFactory(sys.stdout),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # httpx logs every request at INFO
+
+
+class _TargetCollector(Collector):
+    def __init__(self, targets: Callable[[], Iterable[Target]], clock: Callable[[], float]) -> None:
+        self._targets = targets
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        def family(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"llm_scaler_{name}", doc, labels=[*_TARGET_LABELS, *extra])
+
+        composite = family("composite", "Composite demand served to KEDA, in replica-equivalents")
+        term = family(
+            "composite_term",
+            "Composite broken into its terms: load, queue, reject, assumed (the "
+            "pressure side, summed as pressure), rate (offered load over capacity), slo_floor",
+            ("term",),
+        )
+        reason = family("decision_reason", "1 for the term that dominates the composite", ("reason",))
+        up = family("target_up", "1 when GetMetrics answers with a value, 0 when it answers UNAVAILABLE")
+        active = family("active", "1 when IsActive is true (composite > activationThreshold)")
+        waiting = family("waiting_requests", "Requests waiting, summed over replicas with data")
+        running = family("running_requests", "Requests running, summed over replicas with data")
+        kv = family("kv_usage_ratio", "Mean KV-cache usage (0-1) over replicas with data")
+        rejects = family("rejects_per_second", "Admission rejects per second, fleet total")
+        preempt = family("preemptions_per_second", "Preemptions per second, fleet total")
+        ttft = family("ttft_p95_seconds", "p95 time to first token over the rate window")
+        qtime = family("queue_time_p95_seconds", "p95 time spent waiting over the rate window")
+        replicas = family(
+            "replicas", "Replicas by state: fresh, stale, expired (scraped), starting (not ready)", ("state",)
+        )
+        age = family("snapshot_age_seconds", "Seconds since the target's last scrape cycle finished")
+        cycle = family("scrape_cycle_seconds", "Duration of the target's last cycle (discovery and all scrapes)")
+        offered = family(
+            "offered_requests_per_second",
+            "Requests offered to the fleet (finished + refused + in flight, per second), mean over the calm window",
+        )
+        planned = family(
+            "planned_requests_per_second",
+            "The demand the rate term plans for: offered + growth over one start-up + headroom for the spread",
+        )
+        spread = family(
+            "demand_spread_requests_per_second",
+            "Robust standard deviation of the arrival bins' rates (10 s bins at a 5 s scrape)",
+        )
+        growth = family("demand_growth_requests_per_second", "Offered-load growth projected over one start-up")
+        capacity = family(
+            "replica_capacity_requests_per_second",
+            "Requests/s one replica serves within the SLO (configured, learned past the knee, or provisional from KV)",
+            ("source",),
+        )
+        startup = family("startup_seconds", "Replica start-up time used as the growth horizon", ("source",))
+        count = GaugeMetricFamily("llm_scaler_targets", "Targets (ScaledObject fleets) being scraped")
+        now = self._clock()
+        targets = list(self._targets())
+        count.add_metric([], len(targets))
+        for t in targets:
+            labels = [t.cfg.namespace, t.cfg.name, t.id]
+            snap = t.snapshot
+            up.add_metric(labels, 1.0 if t.is_fresh() else 0.0)
+            if snap is None:
+                continue
+            age.add_metric(labels, now - snap.taken_at)
+            cycle.add_metric(labels, snap.cycle_s)
+            for state in REPLICA_STATES:
+                replicas.add_metric([*labels, state], snap.count(state))
+            replicas.add_metric([*labels, "starting"], snap.starting)
+            if snap.composite is not None:
+                c = snap.composite
+                composite.add_metric(labels, c.value)
+                active.add_metric(labels, 1.0 if c.active(t.cfg.activation_threshold) else 0.0)
+                for name, maybe_term in (
+                    ("load", c.load),
+                    ("queue", c.queue),
+                    ("reject", c.reject),
+                    ("assumed", c.assumed),
+                    ("pressure", c.pressure),
+                    ("rate", c.rate),
+                    ("slo_floor", c.slo_floor),
+                ):
+                    if maybe_term is not None:
+                        term.add_metric([*labels, name], maybe_term)
+                reason.add_metric([*labels, c.dominant], 1.0)
+                d = c.demand
+                if d is not None:
+                    offered.add_metric(labels, d.offered_rps)
+                    planned.add_metric(labels, d.need_rps)
+                    spread.add_metric(labels, d.spread_rps)
+                    growth.add_metric(labels, d.growth_rps)
+                    if d.capacity_rps is not None:
+                        capacity.add_metric([*labels, d.capacity_source], d.capacity_rps)
+                    startup.add_metric([*labels, d.startup_source], d.startup_s)
+            ev = snap.evaluation
+            waiting.add_metric(labels, ev.waiting)
+            running.add_metric(labels, ev.running)
+            optional: list[tuple[GaugeMetricFamily, float | None]] = [
+                (kv, ev.kv_usage),
+                (rejects, ev.reject_rate),
+                (preempt, ev.preemption_rate),
+                (ttft, ev.ttft_p95_s),
+                (qtime, ev.queue_time_p95_s),
+            ]
+            for fam, maybe in optional:
+                if maybe is not None:
+                    fam.add_metric(labels, maybe)
+        yield from (
+            composite,
+            term,
+            reason,
+            up,
+            active,
+            waiting,
+            running,
+            kv,
+            rejects,
+            preempt,
+            ttft,
+            qtime,
+            offered,
+            planned,
+            spread,
+            growth,
+            capacity,
+            startup,
+            replicas,
+            age,
+            cycle,
+            count,
+        )
+
+
+class ScalerMetrics:
+    """Owns the registry; also the ScrapeObserver handed to every target."""
+
+    def __init__(self, targets: Callable[[], Iterable[Target]], clock: Callable[[], float] = time.monotonic):
+        self.registry = CollectorRegistry()
+        self.scrape_duration = Histogram(
+            "llm_scaler_scrape_duration_seconds",
+            "Duration of one replica scrape (fetch + parse)",
+            ["namespace", "scaledobject"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+        )
+        self.scrape_errors = Counter(
+            "llm_scaler_scrape_errors",
+            "Failed replica scrapes by reason",
+            ["namespace", "scaledobject", "reason"],
+            registry=self.registry,
+        )
+        self.rpc_duration = Histogram(
+            "llm_scaler_rpc_duration_seconds",
+            "gRPC handling time by method and status code",
+            ["method", "code"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 3.0),
+        )
+        build = GaugeMetricFamily("llm_scaler_build_info", "Build information", labels=["version"])
+        build.add_metric([VERSION], 1.0)
+
+        class _Build(Collector):
+            def collect(self) -> Iterator[Metric]:
+                yield build
+
+        self.registry.register(_Build())
+        self.registry.register(_TargetCollector(targets, clock))
+
+    def scrape_done(self, cfg: TriggerConfig, result: ScrapeResult) -> None:
+        self.scrape_duration.labels(cfg.namespace, cfg.name).observe(result.duration_s)
+        if result.reason is not None:
+            self.scrape_errors.labels(cfg.namespace, cfg.name, result.reason).inc()

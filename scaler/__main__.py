@@ -1,5 +1,0 @@
-import sys
-
-from scaler.cli import main
-
-sys.exit(main())
