@@ -206,8 +206,13 @@ SAMPLE_MAX_AGE_S: Final = 3600.0  # a capacity reading older than this no longer
 
 
 class DemandTracker:
-    def __init__(self, scrape_interval: float = 5.0, config: DemandConfig | None = None) -> None:
+    def __init__(
+        self, scrape_interval: float = 5.0, config: DemandConfig | None = None, retain_s: float | None = None
+    ) -> None:
         self.config = config or DemandConfig()
+        # bins are kept for the longest window any reader asks for (triggers sharing one fleet)
+        self.retain_s = max(retain_s or 0.0, self.config.history_s)
+        self._measured_startups = False
         self.bin_s = bin_seconds(scrape_interval)
         self._last: dict[str, _Last] = {}
         self._bins: deque[_Bin] = deque()
@@ -275,7 +280,16 @@ class DemandTracker:
         self._track_startups(now, starting, appeared)
         self._add_arrivals(now, arrivals, util, covered_s, len(members))
 
+    def add_startup(self, seconds: float) -> None:
+        """A start-up measured where discovery sees it (a pod's creation to Ready). Once one arrives, the
+        scrape-side estimate (new replicas matched with pending endpoints) stops adding its own."""
+        if math.isfinite(seconds) and seconds >= 0:
+            self._measured_startups = True
+            self._startups.append(seconds)
+
     def _track_startups(self, now: float, starting: int, appeared: int) -> None:
+        if self._measured_startups:
+            return
         if self._starting is None:  # first cycle: those already starting began at an unknown time
             self._starting = starting
             return
@@ -313,13 +327,14 @@ class DemandTracker:
                 b.arrivals *= self._open_member_s / b.replica_s
         self._bins.append(b)
         self._open_t, self._open, self._open_member_s = now, _Bin(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, True), 0.0
-        while self._bins and self._bins[0].end <= now - self.config.history_s:
+        while self._bins and self._bins[0].end <= now - self.retain_s:
             self._bins.popleft()
 
-    def provisional_capacity(self, now: float) -> float | None:
+    def provisional_capacity(self, now: float, config: DemandConfig | None = None) -> float | None:
         """Offered requests over the replicas' KV-read utilization-seconds (``kv_utilization``), on the
         calm window; None while the fleet is too idle for KV to say anything."""
-        window = [b for b in self._bins if b.end > now - self.config.calm_window_s and b.complete]
+        calm_s = (config or self.config).calm_window_s
+        window = [b for b in self._bins if b.end > now - calm_s and b.complete]
         util_s = math.fsum(b.util_s for b in window)
         replica_s = math.fsum(b.replica_s for b in window)
         if replica_s <= 0 or util_s / replica_s < MIN_PROVISIONAL_UTILIZATION:
@@ -330,13 +345,15 @@ class DemandTracker:
         return counted / util_s
 
     # -- output ----------------------------------------------------------------------------------
-    def capacity(self, configured: float | None, now: float | None = None) -> tuple[float | None, str]:
+    def capacity(
+        self, configured: float | None, now: float | None = None, config: DemandConfig | None = None
+    ) -> tuple[float | None, str]:
         if configured is not None:
             return configured, "configured"
         fresh = [c for t, _, c in self._capacity if now is None or t > now - SAMPLE_MAX_AGE_S]
         if len(fresh) >= MIN_CAPACITY_SAMPLES and (learned := statistics.median(fresh)) > 0:
             return learned, "learned"
-        if now is not None and (prior := self.provisional_capacity(now)) is not None:
+        if now is not None and (prior := self.provisional_capacity(now, config)) is not None:
             return prior, "provisional"
         return None, "unknown"
 
@@ -348,11 +365,16 @@ class DemandTracker:
         return DEFAULT_STARTUP_S, "default"
 
     def estimate(
-        self, now: float, capacity_rps: float | None = None, startup_s: float | None = None
+        self,
+        now: float,
+        capacity_rps: float | None = None,
+        startup_s: float | None = None,
+        config: DemandConfig | None = None,
     ) -> DemandEstimate | None:
         """None until two bins of arrivals are known (a rate needs an interval), and while the window holds
-        a bin where some replica exported no finished counter."""
-        c = self.config
+        a bin where some replica exported no finished counter. ``config``: this reader's windows (within
+        ``retain_s``), else the tracker's own."""
+        c = config or self.config
         window = [b for b in self._bins if b.end > now - c.history_s]
         if len(window) < 2 or not all(b.complete for b in window):
             return None
@@ -379,7 +401,7 @@ class DemandTracker:
             var = math.fsum((t - mt) ** 2 for t, _ in trend)
             slope = math.fsum((t - mt) * (r - mr) for t, r in trend) / var if var > 0 else 0.0
             growth = min(c.growth_cap * offered, max(0.0, slope * horizon))
-        cap, cap_source = self.capacity(capacity_rps, now)
+        cap, cap_source = self.capacity(capacity_rps, now, c)
         base = max(offered + growth, recent) if c.use_burst_window else offered + growth
         need = base + c.headroom_sigmas * spread
         return DemandEstimate(

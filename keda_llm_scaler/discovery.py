@@ -1,10 +1,10 @@
 """Where a target's replicas are: a static list, a headless Service's DNS records, a Service's
 EndpointSlices, or (zero-config) the pods of the ScaledObject's own scaleTargetRef.
 
-Every resolver answers the ready replicas' scrape URLs, sorted, and how many replicas are starting
-(exist but are not ready: capacity on the way). No ready replica means a fleet of zero (a legitimate
-0); a failure raises DiscoveryError, and the caller keeps the last good answer rather than pretend the
-fleet is gone.
+Every resolver answers a ``Membership``: typed members with a phase (``keda_llm_scaler.membership``),
+the ready ones with their scrape URLs. No ready replica means a fleet of zero (a legitimate 0); a
+failure raises DiscoveryError, and the caller keeps the last good answer rather than pretend the fleet
+is gone. Kubernetes discovery reads shared informers (list + watch), never a LIST per cycle.
 """
 
 from __future__ import annotations
@@ -12,32 +12,40 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+import time
+from dataclasses import replace
+from typing import Any, Final, Protocol
 
 import structlog
 
 from keda_llm_scaler.errors import BadMetadata, ScalerError
-from keda_llm_scaler.kube import KubeClient, KubeError, label_selector
+from keda_llm_scaler.kube import Informer, KubeClient, KubeError, label_selector
+from keda_llm_scaler.membership import (
+    READY,
+    Member,
+    Membership,
+    NotReadyClock,
+    Scrape,
+    from_endpointslices,
+    from_pods,
+)
 from keda_llm_scaler.metadata import Discovery, check_address
 
-__all__ = ["DiscoveryError", "Replicas", "Resolver", "make_resolver"]
+__all__ = ["DNS_TIMEOUT_S", "DiscoveryError", "Membership", "Resolver", "make_resolver"]
 
 log = structlog.get_logger(__name__)
+
+DNS_TIMEOUT_S: Final = 5.0  # getaddrinfo has none of its own; a hung resolver must not hang the cycle
+SYNC_WAIT_S: Final = 5.0  # the first resolve waits this long for an informer's first list
+STALE_WATCH_S: Final = 300.0  # a watch broken this long: the cached members are reported as an error
 
 
 class DiscoveryError(ScalerError):
     """The replica set could not be determined this time."""
 
 
-@dataclass(frozen=True, slots=True)
-class Replicas:
-    urls: list[str] = field(default_factory=list)  # ready replicas, sorted
-    starting: int = 0  # not ready yet, not terminating
-
-
 class Resolver(Protocol):
-    async def resolve(self) -> Replicas: ...
+    async def resolve(self) -> Membership: ...
 
 
 def _url(scheme: str, host: str, port: int, path: str) -> str:
@@ -53,12 +61,16 @@ def _refused(address: str) -> bool:
     return False
 
 
+def _ready(urls: list[str]) -> Membership:
+    return Membership(tuple(Member(u, READY, u) for u in sorted(urls)))
+
+
 class StaticResolver:
     def __init__(self, d: Discovery) -> None:
         self._urls = list(d.endpoints)
 
-    async def resolve(self) -> Replicas:
-        return Replicas(list(self._urls))
+    async def resolve(self) -> Membership:
+        return _ready(self._urls)
 
 
 # getaddrinfo errors that mean "the name has no records": a headless Service with no ready pods.
@@ -68,60 +80,89 @@ _NO_RECORDS = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAM
 class DnsResolver:
     """All A/AAAA records of a headless Service name, one replica per address."""
 
-    def __init__(self, d: Discovery) -> None:
+    def __init__(self, d: Discovery, timeout_s: float | None = None) -> None:
         self._d = d
+        self._timeout_s = timeout_s
+        # getaddrinfo runs in a worker thread and cannot be cancelled: while one lookup hangs, later
+        # cycles wait on it instead of starting another, so a dead resolver holds one thread, not all
+        self._lookup: asyncio.Future[Any] | None = None
 
-    async def resolve(self) -> Replicas:
+    async def resolve(self) -> Membership:
         d = self._d
+        timeout_s = DNS_TIMEOUT_S if self._timeout_s is None else self._timeout_s
+        if self._lookup is None or self._lookup.done():
+            loop = asyncio.get_running_loop()
+            self._lookup = asyncio.ensure_future(loop.getaddrinfo(d.dns_name, d.port, type=socket.SOCK_STREAM))
+        lookup = self._lookup
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(d.dns_name, d.port, type=socket.SOCK_STREAM)
+            infos = await asyncio.wait_for(asyncio.shield(lookup), timeout_s)
+        except TimeoutError:
+            raise DiscoveryError(f"DNS lookup of {d.dns_name} timed out after {timeout_s:g} s") from None
         except socket.gaierror as exc:
             if exc.errno in _NO_RECORDS:
-                return Replicas()
+                return Membership()
             raise DiscoveryError(f"DNS lookup of {d.dns_name} failed: {exc.strerror}") from exc
         addresses = sorted({str(ipaddress.ip_address(str(info[4][0]).split("%")[0])) for info in infos})
         refused = [a for a in addresses if _refused(a)]
         if refused:
             log.warning("discovery_address_refused", name=d.dns_name, addresses=refused)
-        return Replicas(sorted(_url(d.scheme, a, d.port, d.metrics_path) for a in addresses if a not in refused))
+        return _ready([_url(d.scheme, a, d.port, d.metrics_path) for a in addresses if a not in refused])
+
+
+async def _synced(informer: Informer, errors: list[str]) -> dict[str, dict[str, Any]]:
+    """The informer's objects by key, once it has listed; DiscoveryError before that or when its watch
+    has been broken long enough that the cache can no longer be trusted. A shorter outage is appended
+    to ``errors``: the members are still the last known ones, and the operator should know."""
+    if not await informer.wait_synced(SYNC_WAIT_S):
+        raise DiscoveryError(informer.error or f"{informer.what}: no list within {SYNC_WAIT_S:g} s")
+    since = informer.error_since
+    if since is not None and time.monotonic() - since > STALE_WATCH_S:
+        raise DiscoveryError(f"{informer.what}: watch broken for {time.monotonic() - since:.0f} s: {informer.error}")
+    if informer.error is not None:
+        errors.append(f"{informer.error} (serving the last known members)")
+    return dict(informer.objects)
+
+
+def _log_refused(where: str, membership: Membership, errors: list[str]) -> Membership:
+    for address in membership.refused:
+        log.warning("discovery_address_refused", where=where, address=address)
+    return replace(membership, error="; ".join(errors)) if errors else membership
 
 
 class KubernetesResolver:
-    """Ready endpoints of a Service, from its EndpointSlices (discovery.k8s.io/v1)."""
+    """The pods behind a Service: its EndpointSlices (discovery.k8s.io/v1) for addresses and readiness,
+    the pods of its selector for phases and start-up times."""
 
     def __init__(self, d: Discovery, kube: KubeClient) -> None:
         self._d = d
         self._kube = kube
+        self._not_ready = NotReadyClock()
 
-    async def resolve(self) -> Replicas:
+    async def resolve(self) -> Membership:
         d = self._d
+        errors: list[str] = []
         try:
-            slices = await self._kube.list_endpointslices(d.namespace, d.service)
-            if not slices and not await self._kube.service_exists(d.namespace, d.service):
+            service = await self._kube.get_service(d.namespace, d.service)
+            if service is None:
                 raise DiscoveryError(f"Service {d.namespace}/{d.service} does not exist")
+            slices = await _synced(self._kube.endpointslices(d.namespace, d.service), errors)
+            selector = (service.get("spec") or {}).get("selector") or {}
+            pods: dict[str, dict[str, Any]] = {}
+            if selector:  # a Service without a selector has hand-made slices: no pods to follow
+                pods = await _synced(self._kube.pods(d.namespace, label_selector({"matchLabels": selector})), errors)
         except KubeError as exc:
             raise DiscoveryError(str(exc)) from exc
-        urls: set[str] = set()
-        starting = 0
-        for item in slices:
-            ports = [p.get("port") for p in item.get("ports") or [] if isinstance(p.get("port"), int)]
-            port = d.port
-            if d.port_from_slice and len(ports) == 1:
-                port = ports[0]
-            elif ports and d.port not in ports:
-                continue  # this slice serves other ports of the Service
-            for endpoint in item.get("endpoints") or []:
-                conditions = endpoint.get("conditions") or {}
-                # A missing `ready` condition means ready (EndpointSlice API contract).
-                if conditions.get("ready") is False:
-                    starting += 0 if conditions.get("terminating") else len(endpoint.get("addresses") or [1])
-                    continue
-                for address in endpoint.get("addresses") or []:
-                    if _refused(address):
-                        log.warning("discovery_address_refused", service=d.service, address=address)
-                        continue
-                    urls.add(_url(d.scheme, address, port, d.metrics_path))
-        return Replicas(sorted(urls), starting)
+        scrape = Scrape(d.scheme, d.port, d.metrics_path, d.port_from_slice)
+        membership = from_endpointslices(
+            slices.values(),
+            pods,
+            scrape,
+            now=time.time(),
+            budget_s=d.startup_budget_s,
+            not_ready=self._not_ready,
+            refuse=_refused,
+        )
+        return _log_refused(f"Service {d.namespace}/{d.service}", membership, errors)
 
 
 def _container_port(pod_spec: dict[str, Any]) -> int | None:
@@ -129,13 +170,6 @@ def _container_port(pod_spec: dict[str, Any]) -> int | None:
     named = [p for p in ports if p.get("name") in ("http", "metrics")]
     chosen = (named or ports or [None])[0]
     return int(chosen["containerPort"]) if chosen else None
-
-
-def _pod_ready(pod: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
 
 
 class WorkloadResolver:
@@ -146,8 +180,9 @@ class WorkloadResolver:
         self._kube = kube
         self._scaled_object = scaled_object
 
-    async def resolve(self) -> Replicas:
+    async def resolve(self) -> Membership:
         d, ns = self._d, self._d.namespace
+        errors: list[str] = []
         try:
             so = await self._kube.get_scaledobject(ns, self._scaled_object)
             if so is None:
@@ -164,27 +199,15 @@ class WorkloadResolver:
                 )
             spec = workload.get("spec") or {}
             selector = label_selector(spec.get("selector") or {})
-            pods = await self._kube.list_pods(ns, selector)
+            pods = await _synced(self._kube.pods(ns, selector), errors)
         except KubeError as exc:
             raise DiscoveryError(str(exc)) from exc
-        default_port = d.port
+        port = d.port
         if d.port_from_slice:
-            default_port = _container_port((spec.get("template") or {}).get("spec") or {}) or d.port
-        urls: set[str] = set()
-        starting = 0
-        for pod in pods:
-            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-            if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
-                continue  # terminating or done: neither capacity nor on its way
-            ip = status.get("podIP")
-            if not _pod_ready(pod) or not ip:
-                starting += 1
-                continue
-            if _refused(ip):
-                log.warning("discovery_address_refused", scaledobject=self._scaled_object, address=ip)
-                continue
-            urls.add(_url(d.scheme, ip, default_port, d.metrics_path))
-        return Replicas(sorted(urls), starting)
+            port = _container_port((spec.get("template") or {}).get("spec") or {}) or d.port
+        scrape = Scrape(d.scheme, port, d.metrics_path)
+        membership = from_pods(pods.values(), scrape, now=time.time(), budget_s=d.startup_budget_s, refuse=_refused)
+        return _log_refused(f"ScaledObject {ns}/{self._scaled_object}", membership, errors)
 
 
 def make_resolver(d: Discovery, kube: KubeClient | None, scaled_object: str = "") -> Resolver:

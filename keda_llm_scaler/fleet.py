@@ -26,6 +26,7 @@ __all__ = [
     "FleetState",
     "Observation",
     "ReplicaReport",
+    "demand_config",
 ]
 
 FRESH: Final = "fresh"
@@ -155,23 +156,35 @@ def _quantile(q: float, merged: Histogram | None) -> float | None:
     return histogram_quantile(q, merged) if merged is not None else None
 
 
+def demand_config(params: ScoringParams) -> DemandConfig:
+    """The trigger's demand window; the trend and burst windows keep their proportions to it."""
+    w = params.demand_window_s
+    return DemandConfig(calm_window_s=w, trend_window_s=1.2 * w, burst_window_s=0.1 * w)
+
+
 class FleetState:
     """Per-replica state of one fleet; ``update`` with each cycle's observations, then ``evaluate``."""
 
     def __init__(
-        self, params: ScoringParams, stale_after: float, scrape_interval: float, demand: DemandConfig | None = None
+        self,
+        params: ScoringParams,
+        stale_after: float,
+        scrape_interval: float,
+        demand: DemandConfig | None = None,
+        retain_s: float | None = None,
     ) -> None:
+        """``params``/``stale_after``: the defaults ``evaluate`` scores with; ``retain_s``: keep arrival
+        history this long, so triggers sharing the fleet can each read their own demand window."""
         self.params = params
         self.stale_after = stale_after
         self.window_s = max(DEFAULT_WINDOW_S, 3 * scrape_interval)
         self._replicas: dict[str, _ReplicaState] = {}
         self._urls: list[str] = []
-        if demand is None:  # the trigger's window; the trend and burst windows keep their proportions
-            w = params.demand_window_s
-            demand = DemandConfig(calm_window_s=w, trend_window_s=1.2 * w, burst_window_s=0.1 * w)
-        self.demand = DemandTracker(scrape_interval, demand)
+        self.demand = DemandTracker(scrape_interval, demand or demand_config(params), retain_s)
 
-    def update(self, now: float, observations: Iterable[Observation], starting: int = 0) -> list[tuple[str, bool]]:
+    def update(
+        self, now: float, observations: Iterable[Observation], starting: int = 0, startups: Iterable[float] = ()
+    ) -> list[tuple[str, bool]]:
         """Replace the fleet with these replicas' outcomes (``starting``: replicas not ready yet).
         Returns (url, failing) for replicas whose failing/ok state changed (new replicas count as
         changed only when they fail)."""
@@ -189,6 +202,8 @@ class FleetState:
             if (o.reason is not None) != was_failing:
                 changes.append((o.url, o.reason is not None))
         self._urls = urls
+        for seconds in startups:
+            self.demand.add_startup(seconds)
         self.demand.observe(
             now,
             urls,
@@ -209,14 +224,19 @@ class FleetState:
         )
         return changes
 
-    def evaluate(self, now: float, incoming: int = 0) -> Evaluation:
-        """``incoming``: replicas starting (not ready yet), counted as capacity on the way."""
-        reports = tuple(self._replicas[u].report(now, self.stale_after) for u in self._urls)
+    def evaluate(
+        self, now: float, incoming: int = 0, params: ScoringParams | None = None, stale_after: float | None = None
+    ) -> Evaluation:
+        """``incoming``: replicas starting (not ready yet), counted as capacity on the way. ``params`` and
+        ``stale_after``: one trigger's own, when several score this fleet (else the fleet's defaults)."""
+        stale_after = self.stale_after if stale_after is None else stale_after
+        reports = tuple(self._replicas[u].report(now, stale_after) for u in self._urls)
         live = [r for r in reports if r.state != EXPIRED and r.signals is not None]
         ttft = [d for r in live if (d := self._replicas[r.url].ttft.delta()) is not None]
         queue = [d for r in live if (d := self._replicas[r.url].queue_time.delta()) is not None]
-        p = self.params
-        demand: DemandEstimate | None = self.demand.estimate(now, p.replica_capacity, p.startup_s)
+        p = params or self.params
+        windows = None if params is None else demand_config(params)
+        demand: DemandEstimate | None = self.demand.estimate(now, p.replica_capacity, p.startup_s, windows)
         ttft_merged = Histogram.merge(ttft)
         slo_q = _quantile(p.ttft_slo_quantile, ttft_merged) if p.ttft_slo_s is not None else None
         try:

@@ -2,16 +2,26 @@
 
 Credentials: the in-cluster service account (token + CA, token re-read every minute because projected
 tokens rotate), or a kubeconfig for development (token or client certificate; exec/auth-provider
-plugins are not supported). One pooled httpx client; GETs are cached for a short TTL and concurrent
-identical GETs share one request, so any number of targets watching the same Service, workload or
-ScaledObject cost one API call per TTL.
+plugins are not supported). One pooled httpx client.
+
+* Collections that scaling follows (EndpointSlices, Pods) are *informers*: listed once, then watched
+  from the list's ``resourceVersion`` (bookmarks on, server-side timeout jittered); a watch that ends is
+  resumed from the last version seen, without a relist; only 410 Gone relists. Failures back off
+  exponentially with jitter (0.5 s doubling to 30 s). One informer per collection and selector, shared
+  by every target that reads it; unused ones stop after ``INFORMER_IDLE_S``.
+* Single objects that change with deploys (Service, ScaledObject, workload) are GETs cached for
+  ``SLOW_TTL_S``; concurrent identical GETs share one request, and a failure is cached for the current
+  back-off, so any number of targets cost one API call per TTL, also while the API server is failing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import json
 import os
+import random
 import ssl
 import tempfile
 import time
@@ -26,12 +36,41 @@ __all__ = ["KubeClient", "KubeConfig", "KubeError", "label_selector"]
 
 SA_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REFRESH_S: Final = 60.0
-FAST_TTL_S: Final = 2.0  # endpoints and pods: what scaling follows
-SLOW_TTL_S: Final = 30.0  # ScaledObjects and workloads: change with deploys
+FAST_TTL_S: Final = 2.0
+SLOW_TTL_S: Final = 30.0  # Services, ScaledObjects and workloads: change with deploys
+BACKOFF_INITIAL_S: Final = 0.5
+BACKOFF_MAX_S: Final = 30.0
+INFORMER_IDLE_S: Final = 600.0
+WATCH_TIMEOUT_S: Final = (240, 360)  # server-side watch timeout, drawn per watch so reconnects spread out
+STEADY_WATCH_S: Final = 5.0  # a watch that stayed open this long resets the back-off
 
 
 class KubeError(Exception):
     pass
+
+
+class Gone(KubeError):
+    """410: the resourceVersion is older than the API server keeps: list again."""
+
+
+class Backoff:
+    """Exponential back-off with full jitter: the n-th consecutive failure waits U(0.5, 1) x min(max,
+    initial x 2^n). Jitter keeps many scalers (or informers) from retrying in lockstep."""
+
+    def __init__(
+        self, initial: float = BACKOFF_INITIAL_S, maximum: float = BACKOFF_MAX_S, rng: random.Random | None = None
+    ) -> None:
+        self.initial, self.maximum = initial, maximum
+        self.failures = 0
+        self._rng = rng or random.Random()
+
+    def next(self) -> float:
+        delay = min(self.maximum, self.initial * 2.0 ** min(self.failures, 30))
+        self.failures += 1
+        return delay * self._rng.uniform(0.5, 1.0)
+
+    def reset(self) -> None:
+        self.failures = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +187,10 @@ class KubeClient:
         self._token: str | None = config.token
         self._token_read_at = -TOKEN_REFRESH_S
         self._cache: dict[str, tuple[float, Any]] = {}
+        self._failed: dict[str, tuple[float, KubeError, Backoff]] = {}  # key -> (retry at, error, back-off)
         self._inflight: dict[str, asyncio.Task[Any]] = {}
+        self._informers: dict[tuple[str, str], Informer] = {}
+        self._swept_at = time.monotonic()
         self.requests = 0  # API calls made (what the cache saves is visible in tests)
 
     def _auth(self) -> dict[str, str]:
@@ -193,9 +235,13 @@ class KubeClient:
         cancel it for the other targets waiting on the same object.
         """
         key = path + "?" + "&".join(f"{k}={v}" for k, v in sorted((params or {}).items()))
+        self._forget_old()
         cached = self._cache.get(key)
         if cached is not None and time.monotonic() - cached[0] < ttl:
             return cached[1]
+        failed = self._failed.get(key)
+        if failed is not None and time.monotonic() < failed[0]:
+            raise failed[1]  # still backing off: the same answer, no new request
         task = self._inflight.get(key)
         if task is None:
             task = asyncio.create_task(self._fetch_and_cache(key, path, params, what or path, allow_404))
@@ -214,26 +260,90 @@ class KubeClient:
     async def _fetch_and_cache(
         self, key: str, path: str, params: Mapping[str, str] | None, what: str, allow_404: bool
     ) -> Any:
-        value = await self._fetch(path, params, what, allow_404)
+        try:
+            value = await self._fetch(path, params, what, allow_404)
+        except KubeError as exc:
+            backoff = self._failed[key][2] if key in self._failed else Backoff()
+            self._failed[key] = (time.monotonic() + backoff.next(), exc, backoff)
+            raise
+        self._failed.pop(key, None)
         self._cache[key] = (time.monotonic(), value)
         return value
 
-    async def list_endpointslices(self, namespace: str, service: str) -> list[dict[str, Any]]:
-        data = await self.get(
-            f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
-            params={"labelSelector": f"kubernetes.io/service-name={service}"},
-            what=f"list EndpointSlices of {namespace}/{service}",
-        )
-        return [i for i in (data or {}).get("items") or [] if isinstance(i, dict)]
+    def _forget_old(self) -> None:
+        """Drop answers nobody has asked for in INFORMER_IDLE_S (objects of evicted targets)."""
+        now = time.monotonic()
+        if now - self._swept_at < 60.0:
+            return
+        self._swept_at = now
+        for key in [k for k, (at, _) in self._cache.items() if now - at > INFORMER_IDLE_S]:
+            del self._cache[key]
+        for key in [k for k, (retry_at, _, _) in self._failed.items() if now - retry_at > INFORMER_IDLE_S]:
+            del self._failed[key]
 
-    async def service_exists(self, namespace: str, service: str) -> bool:
+    # -- informers -------------------------------------------------------------------------------
+    def informer(self, path: str, selector: str, what: str) -> Informer:
+        """The shared list+watch of ``path`` with this label selector, started on first use."""
+        now = time.monotonic()
+        for key, idle in list(self._informers.items()):
+            if now - idle.last_used > INFORMER_IDLE_S:
+                idle.stop()
+                del self._informers[key]
+        informer = self._informers.get((path, selector))
+        if informer is None:
+            informer = self._informers[(path, selector)] = Informer(self, path, selector, what)
+        informer.last_used = now
+        return informer
+
+    def informers(self) -> list[Informer]:
+        return list(self._informers.values())
+
+    async def _list(self, path: str, selector: str, what: str) -> dict[str, Any]:
+        data = await self._fetch(path, {"labelSelector": selector}, f"list {what}", allow_404=False)
+        if not isinstance(data, dict):
+            raise KubeError(f"Kubernetes API list {what}: not a list object")
+        return data
+
+    async def _watch(self, path: str, selector: str, resource_version: str, what: str) -> httpx.Response:
+        """Open a watch stream: the response, headers read (within the client timeout), body streaming."""
+        self.requests += 1
+        timeout_s = random.randint(*WATCH_TIMEOUT_S)
+        params = {
+            "labelSelector": selector,
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_s),
+        }
+        # the body may stay quiet for minutes (no read timeout beyond the server's own), but the
+        # answer itself must come within the client's timeout: a hung API server is an error
+        timeout = httpx.Timeout(self._config.timeout_s, read=timeout_s + 30.0)
+        request = self._http.build_request("GET", path, params=params, headers=self._auth(), timeout=timeout)
+        try:
+            return await asyncio.wait_for(self._http.send(request, stream=True), self._config.timeout_s)
+        except TimeoutError:
+            raise KubeError(f"Kubernetes API watch {what}: no answer within {self._config.timeout_s:g} s") from None
+        except (httpx.HTTPError, OSError) as exc:
+            raise KubeError(f"Kubernetes API watch {what}: {type(exc).__name__}: {exc}") from exc
+
+    def endpointslices(self, namespace: str, service: str) -> Informer:
+        return self.informer(
+            f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+            f"kubernetes.io/service-name={service}",
+            f"EndpointSlices of {namespace}/{service}",
+        )
+
+    def pods(self, namespace: str, selector: str) -> Informer:
+        return self.informer(f"/api/v1/namespaces/{namespace}/pods", selector, f"pods {selector} in {namespace}")
+
+    async def get_service(self, namespace: str, service: str) -> dict[str, Any] | None:
         data = await self.get(
             f"/api/v1/namespaces/{namespace}/services/{service}",
             ttl=SLOW_TTL_S,
             what=f"get Service {namespace}/{service}",
             allow_404=True,
         )
-        return data is not None
+        return data if isinstance(data, dict) else None
 
     async def get_scaledobject(self, namespace: str, name: str) -> dict[str, Any] | None:
         data = await self.get(
@@ -259,13 +369,138 @@ class KubeClient:
         )
         return data if isinstance(data, dict) else None
 
-    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        data = await self.get(
-            f"/api/v1/namespaces/{namespace}/pods",
-            params={"labelSelector": selector},
-            what=f"list pods {selector} in {namespace}",
-        )
-        return [i for i in (data or {}).get("items") or [] if isinstance(i, dict)]
-
     async def aclose(self) -> None:
+        for informer in self._informers.values():
+            informer.stop()
+        self._informers.clear()
         await self._http.aclose()
+
+
+def _object_key(obj: dict[str, Any]) -> str | None:
+    meta = obj.get("metadata") or {}
+    uid = meta.get("uid")
+    if isinstance(uid, str) and uid:
+        return uid
+    name = meta.get("name")
+    return f"{meta.get('namespace')}/{name}" if isinstance(name, str) and name else None
+
+
+class Informer:
+    """One collection (path + label selector) listed once, then followed by watch.
+
+    ``objects`` is the last known state: after a disconnect it stays readable while the watch resumes
+    from ``resource_version``; ``error`` says what is wrong while it is. Counters (``lists``,
+    ``watches``) make the API cost visible in tests and in the closing figures.
+    """
+
+    def __init__(self, client: KubeClient, path: str, selector: str, what: str) -> None:
+        self._client = client
+        self.path, self.selector, self.what = path, selector, what
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.resource_version: str | None = None
+        self.synced = asyncio.Event()
+        self.error: str | None = None
+        self.error_since: float | None = None  # monotonic; None while healthy
+        self.lists = 0
+        self.watches = 0
+        self.last_used = time.monotonic()
+        self._backoff = Backoff()
+        self._task: asyncio.Task[None] | None = asyncio.create_task(self._run(), name=f"informer {what}")
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def wait_synced(self, timeout: float) -> bool:
+        if not self.synced.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.synced.wait(), timeout)
+        return self.synced.is_set()
+
+    def items(self) -> list[dict[str, Any]]:
+        return list(self.objects.values())
+
+    def _failed(self, exc: Exception) -> None:
+        self.error = str(exc)
+        if self.error_since is None:
+            self.error_since = time.monotonic()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                if self.resource_version is None:
+                    await self._relist()
+                opened = time.monotonic()
+                events = await self._follow()
+                if events or time.monotonic() - opened >= STEADY_WATCH_S:
+                    self._backoff.reset()
+                    continue  # the server ended a healthy watch: resume from where it left off
+                raise KubeError(f"watch {self.what}: closed at once without events")
+            except asyncio.CancelledError:
+                raise
+            except Gone:
+                # relist from scratch, at once the first time, never in a tight loop after that
+                self.resource_version = None
+                if self._backoff.failures:
+                    await asyncio.sleep(self._backoff.next())
+                else:
+                    self._backoff.failures = 1
+            except Exception as exc:  # KubeError, transport errors, a malformed event: back off, resume
+                self._failed(exc)
+                await asyncio.sleep(self._backoff.next())
+
+    async def _relist(self) -> None:
+        self.lists += 1
+        data = await self._client._list(self.path, self.selector, self.what)
+        items = [i for i in data.get("items") or [] if isinstance(i, dict)]
+        self.objects = {k: i for i in items if (k := _object_key(i)) is not None}
+        rv = (data.get("metadata") or {}).get("resourceVersion")
+        if not isinstance(rv, str) or not rv:
+            raise KubeError(f"list {self.what}: no resourceVersion")
+        self.resource_version = rv
+        self.error, self.error_since = None, None
+        self.synced.set()
+
+    async def _follow(self) -> int:
+        """One watch stream; returns how many events it delivered."""
+        assert self.resource_version is not None
+        self.watches += 1
+        events = 0
+        resp = await self._client._watch(self.path, self.selector, self.resource_version, self.what)
+        try:
+            if resp.status_code == 410:
+                raise Gone(f"watch {self.what}: 410 Gone")
+            if resp.status_code != 200:
+                body = (await resp.aread())[:200].decode(errors="replace")
+                raise KubeError(f"Kubernetes API watch {self.what}: HTTP {resp.status_code} {body}".rstrip())
+            self.error, self.error_since = None, None
+            async for line in resp.aiter_lines():
+                if line.strip():
+                    self._apply(json.loads(line))
+                    events += 1
+        except httpx.HTTPError as exc:
+            if events:
+                return events  # a dropped connection after progress: resume from the last version
+            raise KubeError(f"Kubernetes API watch {self.what}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            await resp.aclose()
+        return events
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            code = obj.get("code")
+            if code == 410:
+                raise Gone(f"watch {self.what}: {obj.get('message', 'resource version too old')}")
+            raise KubeError(f"watch {self.what}: HTTP {code} {obj.get('message', '')}".rstrip())
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            key = _object_key(obj)
+            if key is not None:
+                if kind == "DELETED":
+                    self.objects.pop(key, None)
+                else:
+                    self.objects[key] = obj
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if isinstance(rv, str) and rv:
+            self.resource_version = rv  # BOOKMARK events carry only this

@@ -43,6 +43,7 @@ DEFAULTS: Final[dict[str, float | str]] = {
     "targetUtilization": 0.9,
     "ttftSloQuantile": 0.95,
     "demandWindow": 300.0,
+    "startupBudgetSeconds": 900.0,
     "activationThreshold": 0.0,
     "targetValue": 1.0,
     "scrapeInterval": 5.0,
@@ -68,6 +69,7 @@ KNOWN_KEYS: Final = frozenset(
         "targetUtilization",
         "replicaCapacity",
         "startupSeconds",
+        "startupBudgetSeconds",
         "ttftSloSeconds",
         "ttftSloQuantile",
         "demandWindow",
@@ -108,6 +110,8 @@ class Discovery:
     port_from_slice: bool = False
     scheme: str = "http"
     metrics_path: str = "/metrics"
+    # A pod not ready this long after creation is failed_to_start, no longer capacity on its way.
+    startup_budget_s: float = 900.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +144,14 @@ class TriggerConfig:
             self.scrape_timeout,
             self.stale_after,
         )
+
+    @property
+    def fleet_key(self) -> tuple[object, ...]:
+        """Identity of what is scraped: triggers with the same fleet key share one scrape loop and score
+        its observations each with their own parameters. Zero-config discovery reads the ScaledObject's
+        own scaleTargetRef, so there the ScaledObject is part of what is scraped."""
+        owner = (self.namespace, self.name) if self.discovery.kind == "workload" else ()
+        return (*owner, self.discovery, self.engine, self.model, self.scrape_interval, self.scrape_timeout)
 
     @property
     def label(self) -> str:
@@ -256,6 +268,7 @@ def _discovery(meta: Mapping[str, str], namespace: str, engine: str, allow_cross
     metrics_path = meta.get("metricsPath", "").strip() or str(DEFAULTS["metricsPath"])
     if not metrics_path.startswith("/") or any(c in metrics_path for c in " ?#"):
         raise BadMetadata("metricsPath", f"{metrics_path!r} is not an absolute path", "a path like /metrics")
+    budget = _number(meta, "startupBudgetSeconds", 30.0, 86400.0)
     if not present:  # zero-config: the pods of the ScaledObject's scaleTargetRef
         return Discovery(
             "workload",
@@ -264,6 +277,7 @@ def _discovery(meta: Mapping[str, str], namespace: str, engine: str, allow_cross
             scheme=_choice(meta, "scheme", ("http", "https")),
             metrics_path=metrics_path,
             port_from_slice=not meta.get("port", "").strip(),
+            startup_budget_s=budget,
         )
     kind = present[0]
     if kind == "endpoints":
@@ -296,6 +310,7 @@ def _discovery(meta: Mapping[str, str], namespace: str, engine: str, allow_cross
         scheme=scheme,
         port_from_slice=not meta.get("port", "").strip(),
         metrics_path=metrics_path,
+        startup_budget_s=budget,
     )
 
 

@@ -15,7 +15,7 @@ from keda_llm_scaler.errors import ScalerError
 from keda_llm_scaler.kube import KubeClient
 from keda_llm_scaler.metadata import TriggerConfig, metadata_hints, parse_trigger
 from keda_llm_scaler.scrape import Scraper
-from keda_llm_scaler.target import ScrapeObserver, Target
+from keda_llm_scaler.target import FleetWorker, ScrapeObserver, Target
 
 __all__ = ["TargetRegistry", "TooManyTargets"]
 
@@ -48,6 +48,7 @@ class TargetRegistry:
         self.allow_cross_namespace = allow_cross_namespace
         self._clock = clock
         self._targets: dict[tuple[object, ...], Target] = {}
+        self._fleets: dict[tuple[object, ...], FleetWorker] = {}
         # metadata -> config; also remembers which metadata we already logged hints for
         self._parsed: OrderedDict[tuple[object, ...], TriggerConfig] = OrderedDict()
 
@@ -68,24 +69,26 @@ class TargetRegistry:
         return cfg
 
     def ensure(self, cfg: TriggerConfig) -> Target:
-        """The running target for this config, created and started on first use."""
+        """The running target for this config, created and started on first use; targets that scrape
+        the same fleet share one worker (one scrape loop)."""
         target = self._targets.get(cfg.key)
         if target is None:
             if len(self._targets) >= self.max_targets:
                 raise TooManyTargets(f"this scaler already serves {self.max_targets} targets (--max-targets)")
-            target = Target(
-                cfg,
-                make_resolver(cfg.discovery, self._kube, cfg.name),
-                self._scraper,
-                self._observer,
-                clock=self._clock,
-            )
+            worker = self._fleets.get(cfg.fleet_key)
+            if worker is None:
+                resolver = make_resolver(cfg.discovery, self._kube, cfg.name)
+                worker = FleetWorker(cfg, resolver, self._scraper, self._observer, clock=self._clock)
+                self._fleets[cfg.fleet_key] = worker
+            target = Target(cfg, worker, clock=self._clock)
             self._targets[cfg.key] = target
             target.start()
             log.info(
                 "target_registered",
                 target=cfg.label,
                 target_id=target.id,
+                fleet_id=worker.id,
+                shared_with=len(worker.views) - 1,
                 discovery=cfg.discovery.kind,
                 engine=cfg.engine,
                 interval_s=cfg.scrape_interval,
@@ -96,12 +99,17 @@ class TargetRegistry:
     def targets(self) -> list[Target]:
         return list(self._targets.values())
 
+    def fleets(self) -> list[FleetWorker]:
+        return list(self._fleets.values())
+
     async def evict_idle(self) -> int:
         now = self._clock()
         idle = [k for k, t in self._targets.items() if t.holders == 0 and now - t.last_used > self.idle_ttl_s]
         for key in idle:
             target = self._targets.pop(key)
             await target.stop()
+            if not target.worker.views:  # its last view: the fleet's loop stops and its series go
+                self._fleets.pop(target.worker.key, None)
             log.info(
                 "target_evicted", target=target.cfg.label, target_id=target.id, idle_s=round(now - target.last_used)
             )
@@ -116,6 +124,7 @@ class TargetRegistry:
         for target in list(self._targets.values()):
             await target.stop()
         self._targets.clear()
+        self._fleets.clear()
         with contextlib.suppress(Exception):
             await self._scraper.aclose()
         if self._kube is not None:

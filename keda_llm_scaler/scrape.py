@@ -1,13 +1,16 @@
 """Fetch and read one replica's /metrics. A failure is data (ScrapeResult.reason), never an exception.
 
-One pooled httpx client for the whole process; a global semaphore bounds concurrent scrapes; every
-scrape has a hard deadline covering connect, headers and body, so a replica that drips bytes slowly
-cannot hold a cycle past ``scrapeTimeout``; bodies are capped in size while streaming.
+One pooled httpx client for the whole process. Every scrape has a hard deadline covering the wait for
+a concurrency slot (the fleet's own, then the process-wide one), connect, headers and body, so neither a
+replica that drips bytes slowly nor a fleet of hung replicas can hold a cycle past ``scrapeTimeout`` or
+take every slot from other fleets. Bodies are capped in size while streaming; large ones are parsed in a
+worker thread, so a multi-megabyte payload does not stall the event loop that answers KEDA.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Final
@@ -23,6 +26,8 @@ __all__ = ["DEFAULT_MAX_BYTES", "ScrapeResult", "Scraper"]
 
 DEFAULT_MAX_BYTES: Final = 8 * 1024 * 1024  # a DP=8 vLLM pod serves ~0.36 MB; 20x headroom
 USER_AGENT: Final = "keda-llm-scaler/0.1"
+PER_FLEET_CONCURRENCY: Final = 16  # one fleet's share of the process-wide limit (default 64)
+THREAD_PARSE_BYTES: Final = 64 * 1024  # above this a parse takes milliseconds: do it off the event loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +47,7 @@ class _TooLarge(Exception):
 class Scraper:
     def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES, max_concurrency: int = 64) -> None:
         self.max_bytes = max_bytes
+        self.max_concurrency = max_concurrency
         self._sem = asyncio.Semaphore(max_concurrency)
         self._http = httpx.AsyncClient(
             headers={"User-Agent": USER_AGENT, "Accept": "text/plain;version=0.0.4"},
@@ -68,31 +74,45 @@ class Scraper:
                 chunks.append(chunk)
             return b"".join(chunks)
 
-    async def scrape(self, url: str, *, timeout: float, engine: str, model: str | None) -> ScrapeResult:
+    def fleet_limit(self) -> asyncio.Semaphore:
+        """A fleet's own concurrency limit (taken before the process-wide one)."""
+        return asyncio.Semaphore(min(PER_FLEET_CONCURRENCY, self.max_concurrency))
+
+    async def scrape(
+        self, url: str, *, timeout: float, engine: str, model: str | None, limit: asyncio.Semaphore | None = None
+    ) -> ScrapeResult:
         start = time.perf_counter()
         body = b""
+        stage = "slot"
 
         def result(signals: ReplicaSignals | None, reason: str | None, detail: str = "") -> ScrapeResult:
             return ScrapeResult(url, signals, reason, detail, time.perf_counter() - start, len(body))
 
-        async with self._sem:
-            try:
-                async with asyncio.timeout(timeout):
-                    body = await self._fetch(url, timeout)
-            except TimeoutError:
-                return result(None, "timeout", f"no complete answer within {timeout:g}s")
-            except httpx.HTTPStatusError as exc:
-                return result(None, f"http_{exc.response.status_code}", str(exc))
-            except _TooLarge as exc:
-                return result(None, "too_large", str(exc))
-            except httpx.TimeoutException:
-                return result(None, "timeout", f"no complete answer within {timeout:g}s")
-            except (httpx.ConnectError, ConnectionError) as exc:
-                return result(None, "connect_error", str(exc) or type(exc).__name__)
-            except (httpx.HTTPError, OSError) as exc:
-                return result(None, "http_error", f"{type(exc).__name__}: {exc}")
         try:
-            signals = read_replica(body.decode("utf-8", errors="replace"), engine, model)
+            async with asyncio.timeout(timeout):
+                async with limit or contextlib.nullcontext(), self._sem:
+                    stage = "fetch"
+                    body = await self._fetch(url, timeout)
+        except TimeoutError:
+            if stage == "slot":
+                return result(None, "throttled", f"no free scrape slot within {timeout:g}s (fleet or process limit)")
+            return result(None, "timeout", f"no complete answer within {timeout:g}s")
+        except httpx.HTTPStatusError as exc:
+            return result(None, f"http_{exc.response.status_code}", str(exc))
+        except _TooLarge as exc:
+            return result(None, "too_large", str(exc))
+        except httpx.TimeoutException:
+            return result(None, "timeout", f"no complete answer within {timeout:g}s")
+        except (httpx.ConnectError, ConnectionError) as exc:
+            return result(None, "connect_error", str(exc) or type(exc).__name__)
+        except (httpx.HTTPError, OSError) as exc:
+            return result(None, "http_error", f"{type(exc).__name__}: {exc}")
+        try:
+            text = body.decode("utf-8", errors="replace")
+            if len(body) > THREAD_PARSE_BYTES:
+                signals = await asyncio.to_thread(read_replica, text, engine, model)
+            else:
+                signals = read_replica(text, engine, model)
         except TextFormatError as exc:
             return result(None, "parse_error", str(exc))
         except ReplicaError as exc:

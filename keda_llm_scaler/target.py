@@ -1,8 +1,11 @@
-"""One target (a ScaledObject's fleet): its background scrape loop and the snapshot every RPC reads.
+"""Fleets and targets: one background scrape loop per fleet, and the snapshot every RPC reads.
 
-The loop resolves the replica set, scrapes every replica concurrently, folds the results into
-per-replica state (last good signals, counter windows) and publishes a frozen Snapshot. RPCs never
-touch a replica: they read the latest Snapshot.
+A ``FleetWorker`` is what is scraped (discovery, engine, model, interval, timeout): it resolves the
+members, scrapes every ready replica concurrently and folds the results into per-replica state (last
+good signals, counter windows, arrivals). A ``Target`` is one trigger's view of a fleet: after every
+cycle the worker scores its observations with each view's own parameters and publishes a frozen
+Snapshot to it. Two triggers (or two ScaledObjects) on the same fleet cost one scrape per interval.
+RPCs never touch a replica: they read the latest Snapshot.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import contextlib
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
@@ -20,17 +23,22 @@ import structlog
 from keda_llm_scaler.discovery import DiscoveryError, Resolver
 from keda_llm_scaler.errors import NoFreshData
 from keda_llm_scaler.fleet import EXPIRED, FRESH, REPLICA_STATES, STALE, Evaluation, FleetState, Observation
+from keda_llm_scaler.membership import FAILED_TO_START, PENDING, Membership
 from keda_llm_scaler.metadata import TriggerConfig
 from keda_llm_scaler.policy import Composite
 from keda_llm_scaler.scrape import Scraper, ScrapeResult
 
-__all__ = ["REPLICA_STATES", "ScrapeObserver", "Snapshot", "Target"]
+__all__ = ["REPLICA_STATES", "FleetWorker", "ScrapeObserver", "Snapshot", "Target"]
 
 log = structlog.get_logger(__name__)
 
 
 class ScrapeObserver(Protocol):
     def scrape_done(self, cfg: TriggerConfig, result: ScrapeResult) -> None: ...
+
+
+# Arrival history kept per fleet: the longest demandWindow (3600 s) with its 1.2x trend window.
+DEMAND_RETAIN_S = 1.2 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +52,9 @@ class Snapshot:
     discovery_error: str | None = None
     cycle_s: float = 0.0  # how long discovery + all scrapes of this cycle took
     starting: int = 0  # replicas not ready yet (counted as capacity on the way)
+    membership: Membership = field(
+        default_factory=Membership
+    )  # every member with its phase (ready, starting, pending, ...)
 
     @property
     def composite(self) -> Composite | None:
@@ -58,42 +69,25 @@ class Snapshot:
 
 
 class Target:
-    def __init__(
-        self,
-        cfg: TriggerConfig,
-        resolver: Resolver,
-        scraper: Scraper,
-        observer: ScrapeObserver | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    """One trigger's view of a fleet: its parameters, its latest Snapshot, its users."""
+
+    def __init__(self, cfg: TriggerConfig, worker: FleetWorker, clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         # Stable across processes (unlike hash()): the `target` label on the scaler's own metrics.
         self.id = hashlib.sha256(repr(cfg.key).encode()).hexdigest()[:8]
-        self._resolver = resolver
-        self._scraper = scraper
-        self._observer = observer
+        self.worker = worker
         self._clock = clock
-        self._fleet = FleetState(cfg.scoring, cfg.stale_after, cfg.scrape_interval)
-        self._urls: list[str] | None = None
-        self._starting = 0
-        self._cycle = 0
         self.snapshot: Snapshot | None = None
         self.last_used = clock()
         self.holders = 0  # open streams keep a target from eviction
         self._updated = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"target-{self.cfg.label}-{self.id}")
+        self.worker.attach(self)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self.worker.detach(self)
 
     def touch(self) -> None:
         self.last_used = self._clock()
@@ -130,75 +124,13 @@ class Target:
     async def wait_update(self) -> None:
         await self._updated.wait()
 
-    # -- the loop --------------------------------------------------------------------------------
-    async def _run(self) -> None:
-        next_tick = self._clock()
-        while True:
-            try:
-                await self.run_cycle()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a bug must not kill the target: log, keep the last snapshot, retry
-                log.exception("scrape_cycle_crashed", target=self.cfg.label, target_id=self.id)
-            next_tick += self.cfg.scrape_interval
-            now = self._clock()
-            if next_tick < now:  # overran: start again now instead of bursting to catch up
-                next_tick = now
-            await asyncio.sleep(next_tick - now)
-
-    async def _resolve(self) -> str | None:
-        try:
-            found = await self._resolver.resolve()
-        except DiscoveryError as exc:
-            log.warning("discovery_failed", target=self.cfg.label, error=str(exc))
-            return str(exc)
-        urls, self._starting = found.urls, found.starting
-        if self._urls is not None and urls != self._urls:
-            log.info(
-                "replicas_changed",
-                target=self.cfg.label,
-                added=sorted(set(urls) - set(self._urls)),
-                removed=sorted(set(self._urls) - set(urls)),
-            )
-        self._urls = urls
-        return None
-
     async def run_cycle(self) -> Snapshot:
-        started = self._clock()
-        discovery_error = await self._resolve()
-        cfg = self.cfg
-        if self._urls is None:  # never resolved: the fleet is unknown, which is not zero
-            error = Evaluation((), None, f"discovery failed: {discovery_error}")
-            return self._publish(Snapshot(self._clock(), time.time(), self._cycle, error, discovery_error))
-        results = await asyncio.gather(
-            *(
-                self._scraper.scrape(url, timeout=cfg.scrape_timeout, engine=cfg.engine, model=cfg.model)
-                for url in self._urls
-            )
-        )
-        now = self._clock()
-        by_url = {r.url: r for r in results}
-        changes = self._fleet.update(
-            now, (Observation(r.url, r.signals, r.reason, r.detail) for r in results), self._starting
-        )
-        for res in results:
-            if self._observer is not None:
-                self._observer.scrape_done(cfg, res)
-        for url, failing in changes:
-            res = by_url[url]
-            if failing:
-                log.warning(
-                    "replica_scrape_failed", target=cfg.label, url=url, reason=res.reason, detail=res.detail[:300]
-                )
-            else:
-                log.info("replica_scrape_recovered", target=cfg.label, url=url)
-        evaluation = self._fleet.evaluate(now, self._starting)
-        return self._publish(
-            Snapshot(now, time.time(), self._cycle, evaluation, discovery_error, now - started, self._starting)
-        )
+        """One cycle of this target's fleet now (tests and tools; the worker's loop does it on its own)."""
+        await self.worker.run_cycle()
+        assert self.snapshot is not None
+        return self.snapshot
 
-    def _publish(self, snap: Snapshot) -> Snapshot:
-        self._cycle += 1
+    def publish(self, snap: Snapshot) -> Snapshot:
         self.snapshot = snap
         event, self._updated = self._updated, asyncio.Event()
         event.set()
@@ -213,3 +145,142 @@ class Target:
             expired=snap.count(EXPIRED),
         )
         return snap
+
+
+class FleetWorker:
+    """One fleet's scrape loop, shared by every Target whose trigger scrapes it the same way."""
+
+    def __init__(
+        self,
+        cfg: TriggerConfig,
+        resolver: Resolver,
+        scraper: Scraper,
+        observer: ScrapeObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg  # the first trigger's: discovery, engine, model, interval and timeout are shared
+        self.key = cfg.fleet_key
+        self.id = hashlib.sha256(repr(self.key).encode()).hexdigest()[:8]
+        self._resolver = resolver
+        self._scraper = scraper
+        self._observer = observer
+        self._clock = clock
+        self._fleet = FleetState(cfg.scoring, cfg.stale_after, cfg.scrape_interval, retain_s=DEMAND_RETAIN_S)
+        self.views: dict[tuple[object, ...], Target] = {}
+        self._membership: Membership | None = None
+        self._startups_seen: set[str] = set()
+        self._phases: dict[str, str] = {}
+        self._cycle = 0
+        self._limit = scraper.fleet_limit()  # this fleet's share of the scrape slots
+        self.scrapes = 0  # replica scrapes made (one per ready replica per cycle, whatever the views)
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def attach(self, view: Target) -> None:
+        self.views[view.cfg.key] = view
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"fleet-{self.cfg.label}-{self.id}")
+
+    async def detach(self, view: Target) -> None:
+        self.views.pop(view.cfg.key, None)
+        if not self.views:
+            await self.stop()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # -- the loop --------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        next_tick = self._clock()
+        while True:
+            try:
+                await self.run_cycle()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not kill the fleet: log, keep the last snapshots, retry
+                log.exception("scrape_cycle_crashed", target=self.cfg.label, fleet_id=self.id)
+            next_tick += self.cfg.scrape_interval
+            now = self._clock()
+            if next_tick < now:  # overran: start again now instead of bursting to catch up
+                next_tick = now
+            await asyncio.sleep(next_tick - now)
+
+    async def _resolve(self) -> str | None:
+        try:
+            found = await self._resolver.resolve()
+        except DiscoveryError as exc:
+            log.warning("discovery_failed", target=self.cfg.label, error=str(exc))
+            return str(exc)
+        if self._membership is not None and found.urls != self._membership.urls:
+            before, after = set(self._membership.urls), set(found.urls)
+            log.info(
+                "replicas_changed", target=self.cfg.label, added=sorted(after - before), removed=sorted(before - after)
+            )
+        for m in found.members:
+            if m.phase in (PENDING, FAILED_TO_START) and self._phases.get(m.key) != m.phase:
+                log.warning("member_not_starting", target=self.cfg.label, member=m.key, phase=m.phase, reason=m.reason)
+        self._phases = {m.key: m.phase for m in found.members}
+        self._membership = found
+        if found.error:
+            log.warning("discovery_degraded", target=self.cfg.label, error=found.error)
+        return found.error
+
+    async def run_cycle(self) -> None:
+        started = self._clock()
+        discovery_error = await self._resolve()
+        cfg = self.cfg
+        membership = self._membership
+        if membership is None:  # never resolved: the fleet is unknown, which is not zero
+            error = Evaluation((), None, f"discovery failed: {discovery_error}")
+            self._publish(lambda view: Snapshot(self._clock(), time.time(), self._cycle, error, discovery_error))
+            return
+        urls = membership.urls
+        self.scrapes += len(urls)
+        results = await asyncio.gather(
+            *(
+                self._scraper.scrape(
+                    url, timeout=cfg.scrape_timeout, engine=cfg.engine, model=cfg.model, limit=self._limit
+                )
+                for url in urls
+            )
+        )
+        now = self._clock()
+        by_url = {r.url: r for r in results}
+        startups = membership.startups()
+        fresh = [s for key, s in startups.items() if key not in self._startups_seen]
+        self._startups_seen = set(startups) | (self._startups_seen & {m.key for m in membership.members})
+        changes = self._fleet.update(
+            now,
+            (Observation(r.url, r.signals, r.reason, r.detail) for r in results),
+            membership.starting,
+            fresh,
+        )
+        for res in results:
+            if self._observer is not None:
+                self._observer.scrape_done(cfg, res)
+        for url, failing in changes:
+            res = by_url[url]
+            if failing:
+                log.warning(
+                    "replica_scrape_failed", target=cfg.label, url=url, reason=res.reason, detail=res.detail[:300]
+                )
+            else:
+                log.info("replica_scrape_recovered", target=cfg.label, url=url)
+        cycle_s = now - started
+        starting = membership.starting
+
+        def snapshot(view: Target) -> Snapshot:
+            v = view.cfg
+            evaluation = self._fleet.evaluate(now, starting, v.scoring, v.stale_after)
+            return Snapshot(now, time.time(), self._cycle, evaluation, discovery_error, cycle_s, starting, membership)
+
+        self._publish(snapshot)
+
+    def _publish(self, snapshot: Callable[[Target], Snapshot]) -> None:
+        for view in list(self.views.values()):
+            view.publish(snapshot(view))
+        self._cycle += 1

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from keda_llm_scaler import __version__
 from keda_llm_scaler.fleet import REPLICA_STATES
+from keda_llm_scaler.membership import PHASES
 from keda_llm_scaler.metadata import TriggerConfig
 from keda_llm_scaler.scrape import ScrapeResult
 from keda_llm_scaler.target import Target
@@ -83,6 +84,12 @@ class _TargetCollector(Collector):
         replicas = family(
             "replicas", "Replicas by state: fresh, stale, expired (scraped), starting (not ready)", ("state",)
         )
+        members = family(
+            "members",
+            "Fleet members by discovery phase: ready, starting (capacity on its way), pending (not scheduled), "
+            "failed_to_start (not ready past startupBudgetSeconds, or in a back-off)",
+            ("phase",),
+        )
         age = family("snapshot_age_seconds", "Seconds since the target's last scrape cycle finished")
         cycle = family("scrape_cycle_seconds", "Duration of the target's last cycle (discovery and all scrapes)")
         offered = family(
@@ -119,6 +126,8 @@ class _TargetCollector(Collector):
             for state in REPLICA_STATES:
                 replicas.add_metric([*labels, state], snap.count(state))
             replicas.add_metric([*labels, "starting"], snap.starting)
+            for phase in PHASES:
+                members.add_metric([*labels, phase], snap.membership.count(phase))
             if snap.composite is not None:
                 c = snap.composite
                 composite.add_metric(labels, c.value)
@@ -177,6 +186,7 @@ class _TargetCollector(Collector):
             capacity,
             startup,
             replicas,
+            members,
             age,
             cycle,
             count,

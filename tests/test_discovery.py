@@ -17,6 +17,15 @@ from keda_llm_scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
 from tests.payloads import EngineLoad, vllm_v1
 from tests.replicas import Replica, unused_port
 from tests.scalerproc import channel_to, running_scaler
+from tests.test_server_keda import eventually
+
+
+async def value_is(keda: KedaEmulator, value: float) -> bool:
+    try:
+        return (await keda.poll()).value == value
+    except grpc.aio.AioRpcError:
+        return False
+
 
 FAST = {"scrapeInterval": "0.5", "scrapeTimeout": "0.4", "staleAfter": "1.5"}
 AT_TARGET = vllm_v1([EngineLoad(0, 30, 0.85)])
@@ -69,11 +78,10 @@ async def test_endpointslices_end_to_end(fleet: list[Replica], kube: tuple[FakeK
             Endpoint(fleet[1].host),
             Endpoint(fleet[2].host, ready=None),
         ]
-        await asyncio.sleep(2.5)  # the API client caches lists for 2 s
-        assert (await keda.poll()).value == 2.0
+        await eventually(lambda: value_is(keda, 2.0))  # the watch delivers the change; budget: a busy machine
         # zero ready pods is a legitimate 0, not missing data (C13)
         state.services[("serving", "vllm")] = []
-        await asyncio.sleep(2.5)  # the API client caches lists for 2 s
+        await eventually(lambda: value_is(keda, 0.0))
         obs = await keda.poll()
         assert (obs.value, obs.active) == (0.0, False)
         assert any(
@@ -95,10 +103,14 @@ async def test_api_errors_keep_the_last_fleet(
             state.token = "rotated"
         else:
             state.fail_status = status
-        await asyncio.sleep(2.5)  # the API client caches lists for 2 s
+        state.drop_watches()  # the open watch would carry on; its reconnect meets the failure
+
+        async def degraded() -> bool:
+            snap = server.registry.targets()[0].snapshot
+            return snap is not None and f"HTTP {status}" in (snap.discovery_error or "")
+
+        await eventually(degraded)
         assert (await keda.poll()).value == 3.0  # the API failing is not the fleet vanishing
-        snap = server.registry.targets()[0].snapshot
-        assert snap is not None and f"HTTP {status}" in (snap.discovery_error or "")
 
 
 async def test_never_resolved_is_unavailable(kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
@@ -234,10 +246,12 @@ async def test_api_calls_are_shared_and_cached(
         b = KedaEmulator(ch, "llm", "serving", {**FAST, "activationThreshold": "0.5"})
         await a.poll()
         await b.poll()
-        state.requests.clear()
         await asyncio.sleep(4.0)  # 8 scrape cycles per target
-        pod_lists = [p for p in state.requests if p.startswith("/api/v1/namespaces/serving/pods")]
-        assert 1 <= len(pod_lists) <= 3  # ~every 2 s, shared by both targets (not 16)
+        pods = [p for p in state.requests if p.startswith("/api/v1/namespaces/serving/pods")]
+        # one list, then one watch that stays open: no request per cycle, none per target
+        assert len([p for p in pods if "watch=true" not in p]) == 1
+        assert len([p for p in pods if "watch=true" in p]) == 1
+        assert len(server.registry.targets()) == 2 and len(server.registry.fleets()) == 1
 
 
 async def test_slow_api_keeps_the_last_fleet(fleet: list[Replica], kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
@@ -246,10 +260,14 @@ async def test_slow_api_keeps_the_last_fleet(fleet: list[Replica], kube: tuple[F
         keda = KedaEmulator(ch, "llm", "serving", {"service": "vllm", "port": str(fleet[0].port), **FAST})
         assert (await keda.poll()).value == 3.0
         state.delay_s = 6.0  # longer than the client's 5 s timeout
-        await asyncio.sleep(8.0)
-        assert (await keda.poll()).value == 3.0  # discovery timed out; the last fleet is still scraped
-        snap = server.registry.targets()[0].snapshot
-        assert snap is not None and snap.discovery_error is not None and "ReadTimeout" in snap.discovery_error
+        state.drop_watches()
+
+        async def timed_out() -> bool:
+            snap = server.registry.targets()[0].snapshot
+            return snap is not None and "no answer within 5 s" in (snap.discovery_error or "")
+
+        await eventually(timed_out, timeout=20.0)  # the reconnect hangs for 5 s first
+        assert (await keda.poll()).value == 3.0  # the last known members are still scraped
         state.delay_s = 0.0
 
 
@@ -294,12 +312,12 @@ async def test_a_cancelled_caller_does_not_cancel_the_shared_request(
     state.delay_s = 0.5
     client = KubeClient(KubeConfig(api.url, token))
     try:
-        first = asyncio.create_task(client.list_endpointslices("serving", "vllm"))
-        second = asyncio.create_task(client.list_endpointslices("serving", "vllm"))
+        first = asyncio.create_task(client.get_service("serving", "vllm"))
+        second = asyncio.create_task(client.get_service("serving", "vllm"))
         await asyncio.sleep(0.1)
         first.cancel()  # e.g. its target was evicted
-        slices = await second
-        assert slices and client.requests == 1
+        service = await second
+        assert service is not None and client.requests == 1
         assert first.cancelled()
     finally:
         state.delay_s = 0.0

@@ -79,3 +79,40 @@ async def test_redirects_are_not_followed(scraper: Scraper) -> None:
         assert res.reason == "http_302"
     finally:
         r.close()
+
+
+async def test_a_large_payload_is_parsed_off_the_event_loop() -> None:
+    # A valid vLLM payload padded to ~6 MiB with series the reader skips (an 8 MiB body is allowed).
+    from keda_llm_scaler.engines import read_replica
+
+    padding = "".join(
+        f'vllm:request_success_total{{model_name="m",finished_reason="r{i}"}} {i}\n' for i in range(90_000)
+    )
+    payload = GOOD + padding
+    assert len(payload) > 5 * 1024 * 1024
+    t0 = time.perf_counter()
+    read_replica(payload, "auto", None)
+    inline_s = time.perf_counter() - t0  # what the loop would stall for if it parsed this itself
+    s = Scraper(max_bytes=8 * 1024 * 1024)
+    try:
+        with replicas(payload) as (r,):
+            gaps: list[float] = []
+            done = asyncio.Event()
+
+            async def ticker() -> None:  # the event loop's responsiveness while the scrape runs
+                last = time.perf_counter()
+                while not done.is_set():
+                    await asyncio.sleep(0.001)
+                    now = time.perf_counter()
+                    gaps.append(now - last)
+                    last = now
+
+            tick = asyncio.create_task(ticker())
+            res = await s.scrape(r.url + "/metrics", timeout=30, engine="auto", model=None)
+            done.set()
+            await tick
+    finally:
+        await s.aclose()
+    assert res.reason is None and res.signals is not None and res.signals.running == 10
+    # the loop kept turning: its longest pause is a small fraction of the inline parse (ratio, same run)
+    assert max(gaps) < 0.5 * inline_s, (max(gaps), inline_s)

@@ -501,10 +501,16 @@ async def test_targets_are_evicted_after_disuse() -> None:
     with replicas(AT_TARGET) as (r,):
         async with running_scaler(target_idle_ttl=0.5) as server, channel_to(server) as ch:
             await KedaEmulator(ch, "llm", "serving", meta(r.url)).poll()
-            assert len(server.registry.targets()) == 1
+            keep = KedaEmulator(ch, "llm", "serving", meta(r.url, activationThreshold="2"))
+            await keep.poll()
+            assert len(server.registry.targets()) == 2 and len(server.registry.fleets()) == 1
             await asyncio.sleep(0.7)
-            assert await server.registry.evict_idle() == 1
-            assert server.registry.targets() == []
+            await keep.poll()  # one trigger still in use: its fleet keeps scraping for it
+            await server.registry.evict_idle()  # (the background evictor may have been first)
+            assert len(server.registry.targets()) == 1 and len(server.registry.fleets()) == 1
+            await asyncio.sleep(0.7)
+            await server.registry.evict_idle()
+            assert server.registry.targets() == [] and server.registry.fleets() == []  # and its series go
             requests_after = r.requests
             await asyncio.sleep(1.0)
             assert r.requests == requests_after  # no more scraping

@@ -2,12 +2,21 @@
 core/v1 Service and Pod, apps/v1 Deployment/StatefulSet and keda.sh/v1alpha1 ScaledObject JSON, a
 bearer-token check, and switchable failures (401/403/500, slow answers).
 
+Lists and watches behave as the API server's do: every object carries a ``resourceVersion`` from one
+counter, a list answers the collection's version, ``?watch=true&resourceVersion=N`` streams the
+ADDED / MODIFIED / DELETED events after N as chunked JSON lines (BOOKMARKs when asked for), ends after
+``timeoutSeconds``, and a version older than the last ``compact()`` gets an ERROR event with a 410
+Status. ``drop_watches()`` cuts every open stream mid-chunk, as a restarting API server or a load
+balancer does. State is declared (``services``, ``pods``): changes are turned into events as they are
+seen (every 20 ms while a watch is open).
+
 The demo publishes its simulated pods through it (the scaler discovers them exactly as in a cluster);
-the tests use it where no API server can run. One EndpointSlice per distinct port.
+the tests use it where no API server can run. One EndpointSlice per distinct port and address family.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import threading
 import time
@@ -25,6 +34,7 @@ class Endpoint:
     ready: bool | None = True  # None: no `ready` condition (means ready)
     pod: str = ""
     port: int | None = None  # None: the FakeKube's port
+    terminating: bool = False
 
 
 @dataclass
@@ -38,61 +48,148 @@ class FakeKube:
     scaled_objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     workloads: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (ns, plural, name)
     pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # namespace -> Pod objects
+    selectors: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # Service -> spec.selector
+    bookmark_every_s: float = 2.0
+    # resource versions and the event history (guarded by _lock)
+    rv: int = 100
+    compacted_rv: int = 0
+    history: list[tuple[int, str, str, dict[str, Any]]] = field(default_factory=list)  # (rv, type, coll, obj)
+    _objects: dict[tuple[str, str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _drops: int = 0
 
-    def pods_matching(self, namespace: str, selector: str) -> dict[str, Any]:
-        wanted = dict(part.split("=", 1) for part in selector.split(",") if "=" in part)
-        items = [
-            p
-            for p in self.pods.get(namespace, [])
-            if all((p.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in wanted.items())
-        ]
-        return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "99"}, "items": items}
+    # -- resource versions -----------------------------------------------------------------------
+    def _current(self) -> dict[tuple[str, str, str], dict[str, Any]]:
+        """Every object the declared state describes, by (collection, namespace, name)."""
+        out: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for ns, svc in list(self.services):
+            for item in self.endpointslice_items(ns, svc):
+                out[("endpointslices", ns, item["metadata"]["name"])] = item
+        for ns, pods in list(self.pods.items()):
+            for pod in list(pods):
+                meta = dict(pod.get("metadata") or {})
+                meta.setdefault("namespace", ns)
+                meta.setdefault("uid", f"uid-{ns}-{meta.get('name')}")
+                out[("pods", ns, str(meta.get("name")))] = {**pod, "metadata": meta}
+        return out
 
-    def endpointslice_list(self, namespace: str, service: str) -> dict[str, Any]:
+    def sync(self) -> int:
+        """Turn declared changes into events; returns the current resourceVersion."""
+        with self._lock:
+            current = self._current()
+            for key, obj in current.items():
+                body = json.dumps(obj, sort_keys=True)
+                old = self._objects.get(key)
+                if old is None or old[0] != body:
+                    self.rv += 1
+                    stamped = json.loads(body)
+                    stamped["metadata"]["resourceVersion"] = str(self.rv)
+                    self._objects[key] = (body, stamped)
+                    self.history.append((self.rv, "ADDED" if old is None else "MODIFIED", key[0], stamped))
+            for key in [k for k in self._objects if k not in current]:
+                self.rv += 1
+                _, last = self._objects.pop(key)
+                gone = json.loads(json.dumps(last))
+                gone["metadata"]["resourceVersion"] = str(self.rv)
+                self.history.append((self.rv, "DELETED", key[0], gone))
+            return self.rv
+
+    def compact(self) -> None:
+        """Forget the history (etcd compaction): watches from older versions get 410 Gone."""
+        self.sync()
+        with self._lock:
+            self.compacted_rv = self.rv
+            self.history.clear()
+
+    def drop_watches(self) -> None:
+        """Cut every open watch stream without its final chunk."""
+        with self._lock:
+            self._drops += 1
+
+    def events_after(self, rv: int, collection: str, namespace: str, selector: str) -> tuple[list[dict[str, Any]], int]:
+        """The collection's events after ``rv``, and the version they bring a watcher up to."""
+        with self._lock:
+            events = [
+                {"type": kind, "object": obj}
+                for v, kind, coll, obj in self.history
+                if v > rv and coll == collection and _matches(obj, namespace, selector)
+            ]
+            return events, self.rv
+
+    def collection(self, collection: str, namespace: str, selector: str) -> dict[str, Any]:
+        rv = self.sync()
+        with self._lock:
+            items = [
+                obj
+                for (coll, _, _), (_, obj) in sorted(self._objects.items())
+                if coll == collection and _matches(obj, namespace, selector)
+            ]
+        kind = {"pods": ("PodList", "v1"), "endpointslices": ("EndpointSliceList", "discovery.k8s.io/v1")}
+        list_kind, api_version = kind[collection]
+        return {"kind": list_kind, "apiVersion": api_version, "metadata": {"resourceVersion": str(rv)}, "items": items}
+
+    def endpointslice_items(self, namespace: str, service: str) -> list[dict[str, Any]]:
         eps = list(self.services.get((namespace, service), []))
-        by_port: dict[int, list[Endpoint]] = {}
+        groups: dict[tuple[int, str], list[Endpoint]] = {}
         for e in eps:
-            by_port.setdefault(e.port or self.port, []).append(e)
-        if (namespace, service) in self.services and not by_port:
-            by_port[self.port] = []  # a Service without ready pods still has its (empty) slice
+            groups.setdefault((e.port or self.port, _family(e.address)), []).append(e)
+        if (namespace, service) in self.services and not groups:
+            groups[(self.port, "IPv4")] = []  # a Service without ready pods still has its (empty) slice
         items = []
-        for n, (port, group) in enumerate(sorted(by_port.items())):
+        for n, ((port, family), group) in enumerate(sorted(groups.items())):
             endpoints = []
             for e in group:
-                conditions: dict[str, Any] = {"serving": True, "terminating": False}
+                conditions: dict[str, Any] = {"serving": not e.terminating, "terminating": e.terminating}
                 if e.ready is not None:
-                    conditions["ready"] = e.ready
+                    conditions["ready"] = e.ready and not e.terminating
+                name = e.pod or e.address
                 endpoints.append(
                     {
                         "addresses": [e.address],
                         "conditions": conditions,
-                        "targetRef": {"kind": "Pod", "namespace": namespace, "name": e.pod or e.address},
+                        "targetRef": {
+                            "kind": "Pod",
+                            "namespace": namespace,
+                            "name": name,
+                            "uid": f"uid-{namespace}-{name}",
+                        },
                         "nodeName": "node-1",
                     }
                 )
             items.append(
                 {
                     "metadata": {
-                        "name": f"{service}-{n:05d}",
+                        "name": f"{service}-{family.lower()}-{n:05d}",
                         "namespace": namespace,
                         "generateName": f"{service}-",
                         "labels": {
                             "kubernetes.io/service-name": service,
                             "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
                         },
-                        "resourceVersion": "1234",
                     },
-                    "addressType": "IPv4",
+                    "addressType": family,
                     "endpoints": endpoints,
                     "ports": [{"name": "http", "protocol": "TCP", "port": port}],
                 }
             )
-        return {
-            "kind": "EndpointSliceList",
-            "apiVersion": "discovery.k8s.io/v1",
-            "metadata": {"resourceVersion": "1234"},
-            "items": items,
-        }
+        return items
+
+
+def _family(address: str) -> str:
+    try:
+        return "IPv6" if isinstance(ipaddress.ip_address(address), ipaddress.IPv6Address) else "IPv4"
+    except ValueError:
+        return "FQDN"
+
+
+def _matches(obj: dict[str, Any], namespace: str, selector: str) -> bool:
+    """Equality-based label selectors (``a=b,c=d``), which is what the scaler sends."""
+    meta = obj.get("metadata") or {}
+    if meta.get("namespace") != namespace:
+        return False
+    labels = meta.get("labels") or {}
+    wanted = dict(part.split("=", 1) for part in selector.split(",") if "=" in part)
+    return all(labels.get(k) == v for k, v in wanted.items())
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -109,6 +206,7 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    protocol_version = "HTTP/1.1"  # keep-alive, and chunked watch streams as the API server sends them
 
     def log_message(self, *args: object) -> None:
         pass
@@ -140,19 +238,29 @@ class _Handler(BaseHTTPRequestHandler):
                 ),
             )
         parts = url.path.strip("/").split("/")
+        query = parse_qs(url.query)
+        selector = query.get("labelSelector", [""])[0]
+        collection = None
         if parts[:3] == ["apis", "discovery.k8s.io", "v1"] and len(parts) == 6 and parts[5] == "endpointslices":
-            selector = parse_qs(url.query).get("labelSelector", [""])[0]
-            service = selector.removeprefix("kubernetes.io/service-name=")
-            return self._send(200, kube.endpointslice_list(parts[4], service))
+            collection, namespace = "endpointslices", parts[4]
+        if parts[:2] == ["api", "v1"] and len(parts) == 5 and parts[4] == "pods":
+            collection, namespace = "pods", parts[3]
+        if collection is not None:
+            if query.get("watch", [""])[0] in ("true", "1"):
+                return self._watch(collection, namespace, selector, query)
+            return self._send(200, kube.collection(collection, namespace, selector))
         if parts[:2] == ["api", "v1"] and len(parts) == 6 and parts[4] == "services":
             if (parts[3], parts[5]) in kube.services:
+                spec: dict[str, Any] = {"clusterIP": "None", "ports": [{"port": kube.port}]}
+                if (parts[3], parts[5]) in kube.selectors:
+                    spec["selector"] = kube.selectors[(parts[3], parts[5])]
                 return self._send(
                     200,
                     {
                         "kind": "Service",
                         "apiVersion": "v1",
                         "metadata": {"name": parts[5], "namespace": parts[3]},
-                        "spec": {"clusterIP": "None", "ports": [{"port": kube.port}]},
+                        "spec": spec,
                     },
                 )
             return self._send(404, _status(404, "NotFound", f'services "{parts[5]}" not found'))
@@ -166,15 +274,58 @@ class _Handler(BaseHTTPRequestHandler):
             if workload is None:
                 return self._send(404, _status(404, "NotFound", f'{parts[5]}.apps "{parts[6]}" not found'))
             return self._send(200, workload)
-        if parts[:2] == ["api", "v1"] and len(parts) == 5 and parts[4] == "pods":
-            selector = parse_qs(url.query).get("labelSelector", [""])[0]
-            return self._send(200, kube.pods_matching(parts[3], selector))
         return self._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _watch(self, collection: str, namespace: str, selector: str, query: dict[str, list[str]]) -> None:
+        kube = self.server.kube
+        try:
+            since = int(query.get("resourceVersion", ["0"])[0] or 0)
+        except ValueError:
+            return self._send(400, _status(400, "BadRequest", "invalid resourceVersion"))
+        timeout_s = float(query.get("timeoutSeconds", ["1800"])[0])
+        bookmarks = query.get("allowWatchBookmarks", [""])[0] == "true"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        kube.sync()
+        if since < kube.compacted_rv:
+            gone = _status(410, "Expired", f"too old resource version: {since} ({kube.compacted_rv})")
+            self._chunk(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            self._chunk(b"")
+            return
+        drops, started, last_bookmark = kube._drops, time.monotonic(), time.monotonic()
+        try:
+            while time.monotonic() - started < timeout_s and not self.server.closing:
+                if kube._drops != drops:
+                    self.close_connection = True  # cut mid-stream: no terminating chunk
+                    return
+                events, upto = kube.events_after(since, collection, namespace, selector)
+                for event in events:
+                    self._chunk(json.dumps(event).encode() + b"\n")
+                since = upto
+                if bookmarks and time.monotonic() - last_bookmark >= kube.bookmark_every_s:
+                    last_bookmark = time.monotonic()
+                    mark = {
+                        "kind": "Pod" if collection == "pods" else "EndpointSlice",
+                        "metadata": {"resourceVersion": str(since)},
+                    }
+                    self._chunk(json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n")
+                time.sleep(0.02)
+                kube.sync()
+            self._chunk(b"")  # the server's timeout: a clean end of the stream
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     kube: FakeKube
+    closing = False
 
 
 class FakeKubeServer:
@@ -186,5 +337,6 @@ class FakeKubeServer:
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def close(self) -> None:
+        self._server.closing = True
         self._server.shutdown()
         self._server.server_close()
