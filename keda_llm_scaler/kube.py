@@ -184,6 +184,15 @@ class KubeClient:
             limits=httpx.Limits(max_connections=8),
             trust_env=False,
         )
+        # Each open watch holds its HTTP/1.1 connection for minutes: watches get their own pool without a
+        # connection cap (one per informer), so they can never starve GETs, lists or each other.
+        self._watch_http = httpx.AsyncClient(
+            base_url=config.api_url,
+            verify=verify,
+            timeout=httpx.Timeout(config.timeout_s),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
+            trust_env=False,
+        )
         self._token: str | None = config.token
         self._token_read_at = -TOKEN_REFRESH_S
         self._cache: dict[str, tuple[float, Any]] = {}
@@ -318,9 +327,9 @@ class KubeClient:
         # the body may stay quiet for minutes (no read timeout beyond the server's own), but the
         # answer itself must come within the client's timeout: a hung API server is an error
         timeout = httpx.Timeout(self._config.timeout_s, read=timeout_s + 30.0)
-        request = self._http.build_request("GET", path, params=params, headers=self._auth(), timeout=timeout)
+        request = self._watch_http.build_request("GET", path, params=params, headers=self._auth(), timeout=timeout)
         try:
-            return await asyncio.wait_for(self._http.send(request, stream=True), self._config.timeout_s)
+            return await asyncio.wait_for(self._watch_http.send(request, stream=True), self._config.timeout_s)
         except TimeoutError:
             raise KubeError(f"Kubernetes API watch {what}: no answer within {self._config.timeout_s:g} s") from None
         except (httpx.HTTPError, OSError) as exc:
@@ -374,6 +383,7 @@ class KubeClient:
             informer.stop()
         self._informers.clear()
         await self._http.aclose()
+        await self._watch_http.aclose()
 
 
 def _object_key(obj: dict[str, Any]) -> str | None:

@@ -289,3 +289,27 @@ async def test_a_hung_dns_lookup_does_not_delay_another_target(monkeypatch: pyte
                 assert stuck.snapshot is not None and "timed out after 1 s" in (stuck.snapshot.discovery_error or "")
     finally:
         release.set()
+
+
+async def test_more_open_watches_than_the_get_pool_has_connections(
+    api: tuple[FakeKube, FakeKubeServer, Path], client: KubeClient
+) -> None:
+    # each watch holds its connection for minutes; the 9th+ informer must not wait for one (GETs have 8)
+    state, _, _ = api
+    for n in range(12):
+        state.services[("serving", f"svc{n}")] = [Endpoint(f"10.1.0.{n + 1}", pod=f"s{n}")]
+    informers = [client.endpointslices("serving", f"svc{n}") for n in range(12)]
+    for informer in informers:
+        await synced(informer)
+
+    async def all_watching() -> bool:
+        return lists_and_watches(state, "endpointslices")[1] >= 12
+
+    await eventually(all_watching, timeout=15.0)
+    assert await client.get_service("serving", "svc11") is not None  # GETs still get through
+    state.services[("serving", "svc11")].append(Endpoint("10.1.0.99", pod="late"))
+
+    async def seen() -> bool:
+        return "10.1.0.99" in addresses(informers[-1])
+
+    await eventually(seen, timeout=15.0)

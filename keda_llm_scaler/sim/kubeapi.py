@@ -57,6 +57,7 @@ class FakeKube:
     _objects: dict[tuple[str, str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _drops: int = 0
+    _synced_at: float = 0.0
 
     # -- resource versions -----------------------------------------------------------------------
     def _current(self) -> dict[tuple[str, str, str], dict[str, Any]]:
@@ -73,9 +74,14 @@ class FakeKube:
                 out[("pods", ns, str(meta.get("name")))] = {**pod, "metadata": meta}
         return out
 
-    def sync(self) -> int:
-        """Turn declared changes into events; returns the current resourceVersion."""
+    def sync(self, max_age_s: float = 0.0) -> int:
+        """Turn declared changes into events; returns the current resourceVersion. ``max_age_s``: skip
+        the (whole-state) comparison when one ran that recently (open watches poll with it)."""
         with self._lock:
+            now = time.monotonic()
+            if max_age_s and now - self._synced_at < max_age_s:
+                return self.rv
+            self._synced_at = now
             current = self._current()
             for key, obj in current.items():
                 body = json.dumps(obj, sort_keys=True)
@@ -316,7 +322,7 @@ class _Handler(BaseHTTPRequestHandler):
                     }
                     self._chunk(json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n")
                 time.sleep(0.02)
-                kube.sync()
+                kube.sync(max_age_s=0.02)
             self._chunk(b"")  # the server's timeout: a clean end of the stream
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
