@@ -26,7 +26,8 @@ __all__ = ["DEFAULT_MAX_BYTES", "ScrapeResult", "Scraper"]
 
 DEFAULT_MAX_BYTES: Final = 8 * 1024 * 1024  # a DP=8 vLLM pod serves ~0.36 MB; 20x headroom
 USER_AGENT: Final = "keda-llm-scaler/0.1"
-PER_FLEET_CONCURRENCY: Final = 16  # one fleet's share of the process-wide limit (default 64)
+PER_FLEET_CONCURRENCY: Final = 16  # at most this many of one fleet's scrapes in flight...
+PER_FLEET_SHARE: Final = 0.25  # ...and at most this share of the process-wide slots (16 of the default 64)
 THREAD_PARSE_BYTES: Final = 64 * 1024  # above this a parse takes milliseconds: do it off the event loop
 
 
@@ -76,7 +77,7 @@ class Scraper:
 
     def fleet_limit(self) -> asyncio.Semaphore:
         """A fleet's own concurrency limit (taken before the process-wide one)."""
-        return asyncio.Semaphore(min(PER_FLEET_CONCURRENCY, self.max_concurrency))
+        return asyncio.Semaphore(max(1, min(PER_FLEET_CONCURRENCY, int(self.max_concurrency * PER_FLEET_SHARE))))
 
     async def scrape(
         self, url: str, *, timeout: float, engine: str, model: str | None, limit: asyncio.Semaphore | None = None

@@ -294,3 +294,16 @@ def test_a_replica_without_a_finished_counter_makes_the_offered_load_unknown_not
     tr.observe(t + 5, ["r0", "r1"], [counters("r0", 1000.0), ReplicaCounters("r1", None, None, 3, 40, 0.3)])
     tr.observe(t + 10, ["r0", "r1"], [counters("r0", 1050.0), ReplicaCounters("r1", None, None, 3, 45, 0.3)])
     assert tr.estimate(t + 10) is None  # the rate term steps aside; the pressure side still scores r1
+
+
+def test_start_ups_measured_by_discovery_replace_the_scrape_side_estimate() -> None:
+    tracker = DemandTracker(5.0)
+    tracker.observe(0.0, ["a"], [], starting=1)
+    tracker.observe(5.0, ["a"], [], starting=2)  # one more starting at t=5
+    tracker.add_startup(240.0)  # discovery saw a pod go from created to Ready in 240 s
+    tracker.observe(100.0, ["a", "b"], [], starting=1)  # b appears 95 s after it began: not counted now
+    assert tracker.startup(None) == (240.0, "learned")
+    tracker.add_startup(float("nan"))  # ignored, never a NaN horizon
+    tracker.add_startup(300.0)
+    assert tracker.startup(None) == (270.0, "learned")
+    assert tracker.startup(120.0) == (120.0, "configured")

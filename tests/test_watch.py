@@ -313,3 +313,34 @@ async def test_more_open_watches_than_the_get_pool_has_connections(
         return "10.1.0.99" in addresses(informers[-1])
 
     await eventually(seen, timeout=15.0)
+
+
+async def test_a_hung_fleet_does_not_delay_another_targets_snapshot() -> None:
+    # 12 replicas that never answer in time, 8 scrape slots in the whole process: the hung fleet may
+    # hold a quarter of them; the healthy fleet's cycles keep their pace and never see `throttled`
+    hung = [Replica(AT_TARGET) for _ in range(12)]
+    try:
+        for r in hung:
+            r.set(delay_s=8)
+        with replicas(AT_TARGET, AT_TARGET) as healthy:
+            async with running_scaler(max_concurrent_scrapes=8) as scaler, channel_to(scaler) as ch:
+                # its scrapes hold their slots for almost the whole interval (timeout 4.9 s of 5 s)
+                slow = {"scrapeInterval": "5", "scrapeTimeout": "4.9", "staleAfter": "15"}
+                bad = KedaEmulator(ch, "bad", "serving", {"endpoints": ",".join(r.url for r in hung), **slow})
+                good = KedaEmulator(ch, "good", "serving", {"endpoints": ",".join(r.url for r in healthy), **FAST})
+                await good.poll()
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await bad.poll()  # nothing fresh there: UNAVAILABLE, KEDA's fallback applies
+                target = next(t for t in scaler.registry.targets() if t.cfg.name == "good")
+                assert target.snapshot is not None
+                first = target.snapshot.cycle
+                for _ in range(6):  # three seconds, while the hung fleet holds its slots
+                    await asyncio.sleep(0.5)
+                    snap = target.snapshot
+                    # given all 8 slots, the hung fleet would leave this one `throttled` (then expired)
+                    assert all(r.state == "fresh" for r in snap.evaluation.replicas), snap.evaluation.replicas
+                assert snap.cycle - first >= 3  # kept (about) its pace beside the hung fleet
+                assert (await good.poll()).value == 2.0
+    finally:
+        for r in hung:
+            r.close()
