@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from keda_llm_scaler import __version__
 from keda_llm_scaler.config import add_serve_arguments, settings_from
 from keda_llm_scaler.demand import kv_utilization
 from keda_llm_scaler.engines import ENGINE_CHOICES, read_replica
@@ -28,6 +29,7 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="keda-llm-scaler",
         description="KEDA external scaler for vLLM/SGLang fleets (waiting queue, KV-cache pressure, rejects).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser(
         "serve",
@@ -167,6 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "inspect":
         try:
+            if not 0 < args.target_kv_usage <= 1:
+                raise InspectError(f"--target-kv-usage {args.target_kv_usage:g}: accepted: a number in (0, 1]")
+            if not args.target_queue_depth > 0:
+                raise InspectError(f"--target-queue-depth {args.target_queue_depth:g}: accepted: a number > 0")
             source, signals = _read_signals(args)
             params = ScoringParams(args.target_kv_usage, args.target_queue_depth)
         except InspectError as exc:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -55,9 +58,39 @@ class Settings:
             raise ValueError("--tls-cert and --tls-key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
-        for port in (self.grpc_port, self.metrics_port):
+        for name, port in (("--grpc-port", self.grpc_port), ("--metrics-port", self.metrics_port)):
             if not 0 <= port <= 65535:
-                raise ValueError(f"port {port} out of range")
+                raise ValueError(f"{name} {port}: out of range; accepted: 0-65535")
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise ValueError(f"--log-level {self.log_level!r}: accepted: {' | '.join(LOG_LEVELS)}")
+        checks: tuple[tuple[str, float, float], ...] = (
+            ("target_idle_ttl", self.target_idle_ttl, 1.0),
+            ("max_targets", self.max_targets, 1),
+            ("warmup_wait", self.warmup_wait, 0.0),
+            ("max_scrape_bytes", self.max_scrape_bytes, 1024),
+            ("max_concurrent_scrapes", self.max_concurrent_scrapes, 1),
+            ("shutdown_grace", self.shutdown_grace, 0.0),
+        )
+        for name, value, low in checks:
+            if not (math.isfinite(value) and value >= low):
+                raise ValueError(f"--{name.replace('_', '-')} {value!r}: accepted: a number >= {low:g}")
+        if not _valid_host(self.host):
+            raise ValueError(f"--host {self.host!r}: accepted: an IP address or a host name")
+
+
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+_HOSTNAME: Final = re.compile(
+    r"^(?=.{1,253}$)([A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?$"
+)
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        # a dotted all-numeric name (999.1.1.1) is a mistyped address, not a host name
+        return bool(_HOSTNAME.match(host)) and not all(p.isdigit() for p in host.split("."))
 
 
 SETTINGS_HELP: Final[dict[str, str]] = {
@@ -122,7 +155,26 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str] = os.environ)
                 values[f.name] = _parser_for(f.name)(raw)
             except ValueError as exc:
                 raise ValueError(f"{ENV_PREFIX}{f.name.upper()}: {exc}") from None
-    return Settings(**values)
+    settings = Settings(**values)
+    _check_pem(settings)
+    return settings
+
+
+def _check_pem(settings: Settings) -> None:
+    """TLS files must be readable PEM now: at bind time gRPC only says it could not listen."""
+    for flag, path, marker in (
+        ("--tls-cert", settings.tls_cert, "CERTIFICATE"),
+        ("--tls-key", settings.tls_key, "PRIVATE KEY"),
+        ("--tls-client-ca", settings.tls_client_ca, "CERTIFICATE"),
+    ):
+        if path is None:
+            continue
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as exc:
+            raise ValueError(f"{flag} {path}: {exc.strerror or exc}") from None
+        if "-----BEGIN " not in text or marker not in text:
+            raise ValueError(f"{flag} {path}: not a PEM file with a {marker.lower()}")
 
 
 def describe(settings: Settings) -> dict[str, str]:

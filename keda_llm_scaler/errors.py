@@ -7,6 +7,7 @@
     └── ReplicaError       one replica could not be read (kept as data on that replica, never raised to KEDA)
         ├── MissingSignal      a family the composite needs is absent (never read as zero)
         ├── ModelNotFound      the `model` filter matches no series
+        ├── InvalidSignal      a value no engine can mean (negative, infinite, KV above 1, a bad bucket bound)
         └── UnrecognizedPayload no known engine's families in the payload
 
 The gRPC layer maps these to status codes in exactly one place (keda_llm_scaler.service).
@@ -18,6 +19,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "BadMetadata",
+    "InvalidSignal",
     "MissingSignal",
     "ModelNotFound",
     "NoFreshData",
@@ -64,6 +66,17 @@ class ModelNotFound(ReplicaError):
 
     def __init__(self, model: str, seen: Iterable[str]) -> None:
         super().__init__(f"no series with model_name={model!r}; models served: {sorted(set(seen))}")
+
+
+class InvalidSignal(ReplicaError):
+    """Garbage is a failure of that replica, never a reading: a KV of +Inf or -0.5 must not read as an idle
+    replica (which could scale a loaded fleet to zero)."""
+
+    reason = "invalid_signal"
+
+    def __init__(self, family: str, value: object, accepted: str) -> None:
+        self.family = family
+        super().__init__(f"{family} = {value!r} is not a possible value ({accepted})")
 
 
 class UnrecognizedPayload(ReplicaError):

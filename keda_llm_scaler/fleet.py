@@ -127,9 +127,10 @@ class _ReplicaState:
             detail=self.detail,
             last_ok_age_s=None if self.last_ok is None else now - self.last_ok,
             signals=self.signals,
-            reject_rate=self.rejects.rate(),
-            admitted_rate=self.admitted.rate(),
-            preemption_rate=self.preemptions.rate(),
+            # an expired replica's last rates are history: an old reject must not hold the fleet up
+            reject_rate=None if state == EXPIRED else self.rejects.rate(),
+            admitted_rate=None if state == EXPIRED else self.admitted.rate(),
+            preemption_rate=None if state == EXPIRED else self.preemptions.rate(),
         )
 
 

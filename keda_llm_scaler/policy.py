@@ -55,6 +55,7 @@ from keda_llm_scaler.errors import NoFreshData
 
 __all__ = [
     "IN_FLIGHT_FLOOR",
+    "MAX_COMPOSITE",
     "REJECT_SHARE_THRESHOLD",
     "SLO_BREACH_FACTOR",
     "SLO_HOLD_SHARE",
@@ -73,6 +74,7 @@ REJECT_SHARE_THRESHOLD: Final = 0.01
 MAX_REJECT_TERM: Final = 1.0  # per replica and decision; the HPA doubles at most per 15 s anyway
 SLO_HOLD_SHARE: Final = 0.8  # TTFT above this share of the SLO: no scale-down
 SLO_BREACH_FACTOR: Final = 1.25  # TTFT above the SLO: at least a quarter more (and one more) replicas
+MAX_COMPOSITE: Final = 100_000.0  # replica-equivalents; past any fleet, and inside KEDA's int64 metricValue
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +251,7 @@ def composite(
     else:
         dominant = max(terms, key=lambda k: terms[k])
     return Composite(
-        value=round(total, 3),
+        value=round(min(total, MAX_COMPOSITE), 3),
         replicas=len(scores),
         expired=expired,
         load=terms["load"],

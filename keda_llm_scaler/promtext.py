@@ -115,9 +115,11 @@ def _parse_value(token: str, line: str) -> float:
 def parse_samples(text: str, wanted: SampleNames) -> dict[str, list[Sample]]:
     """Return the samples of ``text`` whose names are in ``wanted``, keyed by sample name.
 
-    Raises TextFormatError if a wanted line is malformed; unwanted lines are never inspected.
+    Raises TextFormatError if a wanted line is malformed or a wanted series appears twice (Prometheus
+    fails such a scrape too: which of the two is the value?); unwanted lines are never inspected.
     """
     out: dict[str, list[Sample]] = {}
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     prefixes = wanted.prefixes
     names = wanted.names
     for raw in text.splitlines():
@@ -150,5 +152,9 @@ def parse_samples(text: str, wanted: SampleNames) -> dict[str, list[Sample]]:
         parts = rest.split()
         if not parts or len(parts) > 2:
             raise TextFormatError(f"expected value [timestamp]: {line[:200]!r}")
+        series = (name, tuple(sorted(labels.items())))
+        if series in seen:
+            raise TextFormatError(f"duplicate series: {line[:200]!r}")
+        seen.add(series)
         out.setdefault(name, []).append(Sample(name, labels, _parse_value(parts[0], line)))
     return out

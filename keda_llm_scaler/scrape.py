@@ -118,4 +118,8 @@ class Scraper:
             return result(None, "parse_error", str(exc))
         except ReplicaError as exc:
             return result(None, exc.reason, str(exc))
+        if not body.endswith(b"\n"):
+            # the text format ends every line with a newline: a readable body without one was cut (a
+            # close-delimited answer that dropped), and its last value may be a prefix ("0.95" as "0.")
+            return result(None, "parse_error", "body does not end in a newline: cut short")
         return result(signals, None)

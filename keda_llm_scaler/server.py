@@ -40,6 +40,8 @@ _GRPC_OPTIONS: Final = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    # a second scaler on a port in use must fail, not silently share it (gRPC's default is SO_REUSEPORT)
+    ("grpc.so_reuseport", 0),
 ]
 
 
@@ -138,9 +140,15 @@ class ScalerServer:
             ),
             self.grpc,
         )
-        self.grpc_port = self._bind()
+        try:
+            self.grpc_port = self._bind()
+        except RuntimeError:  # grpcio raises this when the address cannot be bound
+            self.grpc_port = 0
         if self.grpc_port == 0:
-            raise OSError(f"could not listen on {self.settings.host}:{self.settings.grpc_port}")
+            raise OSError(
+                f"could not listen on {self.settings.host}:{self.settings.grpc_port} (in use, or not an "
+                "address of this host)"
+            )
         for name in HEALTH_SERVICES:
             await self.health.set(name, _SERVING)
         await self.grpc.start()

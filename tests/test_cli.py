@@ -7,9 +7,11 @@ import os
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
 
+from keda_llm_scaler import __version__
 from tests.conftest import METRICS
 from tests.payloads import EngineLoad, sglang, vllm_v1
 from tests.replicas import replicas, unused_port
@@ -94,3 +96,49 @@ def test_python_dash_m_and_help() -> None:
     for flag in ("--host", "--grpc-port", "--metrics-port", "--tls-cert", "--tls-key", "--tls-client-ca"):
         assert flag in out.stdout
     assert "LLM_SCALER_GRPC_PORT" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "names"),
+    [
+        (["--log-level", "bogus"], {}, "--log-level"),
+        (["--host", "999.1.1.1"], {}, "--host"),
+        (["--max-concurrent-scrapes", "-1"], {}, "--max-concurrent-scrapes"),
+        ([], {"LLM_SCALER_TARGET_IDLE_TTL": "0"}, "--target-idle-ttl"),
+        (["--tls-cert", "{junk}", "--tls-key", "{junk}"], {}, "--tls-cert"),
+        (["--grpc-port", "70000"], {}, "--grpc-port"),
+    ],
+)
+def test_every_bad_setting_is_one_line_naming_it(
+    tmp_path: Path, args: list[str], env: dict[str, str], names: str
+) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    full_env = {**os.environ, **env}
+    out = subprocess.run([EXE, "serve", *(a.format(junk=junk) for a in args)], capture_output=True, text=True,
+                         env=full_env, timeout=30)  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and names in lines[0] and "Traceback" not in out.stderr, out.stderr
+    assert "accepted" in lines[0] or "PEM" in lines[0]
+
+
+def test_a_second_serve_on_a_busy_port_refuses_to_start() -> None:
+    with serve() as first:
+        out = subprocess.run(
+            [EXE, "serve", "--grpc-port", str(first.grpc_port), "--metrics-port", "0", "--host", "127.0.0.1"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert out.returncode == 1 and "could not listen" in out.stderr  # not a silent shared SO_REUSEPORT
+
+
+def test_version() -> None:
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"keda-llm-scaler {__version__}"
+
+
+def test_inspect_refuses_a_zero_queue_depth() -> None:
+    out = run("inspect", str(METRICS / "vllm_v1_reconstructed_latest_1engine.txt"), "--target-queue-depth", "0")
+    assert out.returncode == 2 and "--target-queue-depth" in out.stderr and "Traceback" not in out.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from keda_llm_scaler.engines import read_replica
-from keda_llm_scaler.errors import MissingSignal, ModelNotFound, UnrecognizedPayload
+from keda_llm_scaler.errors import InvalidSignal, MissingSignal, ModelNotFound, UnrecognizedPayload
 from tests.conftest import fixture_text
 from tests.payloads import MODEL, EngineLoad, sglang, vllm_v1
 
@@ -90,9 +90,10 @@ def test_new_kv_name_wins_when_both_differ() -> None:
 
 
 def test_model_filter() -> None:
-    text = vllm_v1([EngineLoad(4, 8, 0.5)], model="a") + vllm_v1([EngineLoad(1, 1, 0.1)], model="b").replace(
-        "# HELP", "# HELP-ignored"
-    ).replace("# TYPE", "# TYPE-ignored")
+    second = vllm_v1([EngineLoad(1, 1, 0.1)], model="b").replace("# HELP", "# HELP-ignored")
+    # the HTTP counters carry no model label: one exporter serves them once (twice would be a duplicate)
+    second = "".join(ln + "\n" for ln in second.replace("# TYPE", "# TYPE-ignored").splitlines() if "http_" not in ln)
+    text = vllm_v1([EngineLoad(4, 8, 0.5)], model="a") + second
     assert read_replica(text, model="a").waiting == 4
     assert read_replica(text, model="b").waiting == 1
     with pytest.raises(ModelNotFound, match=r"\['a', 'b'\]"):
@@ -129,3 +130,45 @@ def test_an_engine_missing_one_gauge_is_missing_data() -> None:
     )
     with pytest.raises(MissingSignal, match=r"kv_cache_usage_perc\{engine='1'\}"):
         read_replica(text)
+
+
+@pytest.mark.parametrize(
+    ("family", "value"),
+    [
+        ("vllm:kv_cache_usage_perc", "+Inf"),
+        ("vllm:kv_cache_usage_perc", "-0.5"),
+        ("vllm:kv_cache_usage_perc", "1e19"),
+        ("vllm:kv_cache_usage_perc", "1.5"),
+        ("vllm:num_requests_waiting", "-3"),
+        ("vllm:num_requests_waiting", "Inf"),
+        ("vllm:num_requests_running", "-Inf"),
+    ],
+)
+def test_impossible_gauges_are_invalid_not_zero(family: str, value: str) -> None:
+    # an idle-looking reading made of garbage must fail that replica (never read as 0 / idle)
+    text = "".join(
+        f"{line.rsplit(' ', 1)[0]} {value}\n" if line.startswith(family + "{") else line + "\n"
+        for line in vllm_v1([EngineLoad(0, 0, 0.0)]).splitlines()
+    )
+    assert f"{family}{{" in text and f" {value}\n" in text
+    with pytest.raises(InvalidSignal) as err:
+        read_replica(text)
+    assert err.value.reason == "invalid_signal" and family in str(err.value)
+
+
+def test_a_bucket_bound_that_is_not_a_number_fails_the_replica_cleanly() -> None:
+    original = fixture_text("vllm_v1_reconstructed_latest_1engine.txt")
+    bound = original[original.index("time_to_first_token_seconds_bucket{") :].split('le="', 1)[1].split('"', 1)[0]
+    text = original.replace(f'le="{bound}"', 'le="abc"', 1)
+    assert 'le="abc"' in text
+    with pytest.raises(InvalidSignal, match="abc"):
+        read_replica(text)
+
+
+def test_a_duplicate_series_fails_the_scrape_as_prometheus_does() -> None:
+    from keda_llm_scaler.promtext import TextFormatError
+
+    text = vllm_v1([EngineLoad(1, 2, 0.3)])
+    line = next(ln for ln in text.splitlines() if ln.startswith("vllm:num_requests_waiting{"))
+    with pytest.raises(TextFormatError, match="duplicate series"):
+        read_replica(text + line + "\n")

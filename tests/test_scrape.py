@@ -116,3 +116,23 @@ async def test_a_large_payload_is_parsed_off_the_event_loop() -> None:
     assert res.reason is None and res.signals is not None and res.signals.running == 10
     # the loop kept turning: its longest pause is a small fraction of the inline parse (ratio, same run)
     assert max(gaps) < 0.5 * inline_s, (max(gaps), inline_s)
+
+
+async def test_a_body_cut_mid_line_is_a_parse_error_not_a_smaller_value(scraper: Scraper) -> None:
+    # "0.95" cut after "0." would parse as 0: the text format ends every line with a newline
+    cut = GOOD[: GOOD.index("vllm:kv_cache_usage_perc{")]
+    cut += GOOD[len(cut) :].split("\n", 1)[0][:-2]
+    assert not cut.endswith("\n")
+    with replicas(cut) as (r,):
+        res = await scraper.scrape(r.url + "/metrics", timeout=2, engine="auto", model=None)
+    assert res.signals is None and res.reason == "parse_error" and "newline" in res.detail
+
+
+async def test_garbage_gauges_fail_the_replica_with_a_reason(scraper: Scraper) -> None:
+    inf_kv = "".join(
+        (ln.rsplit(" ", 1)[0] + " +Inf" if ln.startswith("vllm:kv_cache_usage_perc{") else ln) + "\n"
+        for ln in vllm_v1([EngineLoad(0, 0, 0.0)]).splitlines()
+    )
+    with replicas(inf_kv) as (r,):
+        res = await scraper.scrape(r.url + "/metrics", timeout=2, engine="auto", model=None)
+    assert res.signals is None and res.reason == "invalid_signal" and "kv_cache_usage_perc" in res.detail

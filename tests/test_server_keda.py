@@ -514,3 +514,40 @@ async def test_targets_are_evicted_after_disuse() -> None:
             requests_after = r.requests
             await asyncio.sleep(1.0)
             assert r.requests == requests_after  # no more scraping
+
+
+def _with_gauge(payload: str, family: str, value: str) -> str:
+    return "".join(
+        (ln.rsplit(" ", 1)[0] + f" {value}" if ln.startswith(family + "{") else ln) + "\n"
+        for ln in payload.splitlines()
+    )
+
+
+GARBAGE = [
+    ("vllm:kv_cache_usage_perc", "+Inf"),
+    ("vllm:kv_cache_usage_perc", "-0.5"),
+    ("vllm:num_requests_waiting", "-1"),
+]
+
+
+@pytest.mark.parametrize(("family", "value"), GARBAGE)
+async def test_garbage_from_an_idle_looking_replica_is_never_zero(
+    channel: grpc.aio.Channel, family: str, value: str
+) -> None:
+    # before: KV +Inf or -0.5 on an idle replica read as 0.0 and IsActive false (scale to zero on garbage)
+    with replicas(_with_gauge(IDLE, family, value)) as (r,):
+        keda = KedaEmulator(channel, "garbage", "serving", meta(r.url))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await keda.poll()
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # KEDA applies its fallback
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await keda.stub.IsActive(keda.ref)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_absurd_loads_are_clamped_not_internal_errors(channel: grpc.aio.Channel) -> None:
+    # waiting 1e300 overflowed math.ceil into an int64 metricValue: INTERNAL before; now a clamped value
+    with replicas(_with_gauge(IDLE, "vllm:num_requests_waiting", "1e300")) as (r,):
+        keda = KedaEmulator(channel, "absurd", "serving", meta(r.url))
+        obs = await keda.poll()
+        assert obs.value == 100_000.0 and obs.active

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from keda_llm_scaler.errors import MissingSignal, ModelNotFound
+from keda_llm_scaler.errors import InvalidSignal, MissingSignal, ModelNotFound
 from keda_llm_scaler.promtext import Sample, SampleNames
 from keda_llm_scaler.signals import EngineSignals, Histogram, ReplicaSignals
 
@@ -23,6 +23,7 @@ __all__ = [
 ]
 
 Samples = Mapping[str, Sequence[Sample]]
+KV_MAX = 1.0 + 1e-6  # a usage fraction; rounding may land a hair above 1
 
 
 class EngineAdapter(Protocol):
@@ -77,12 +78,16 @@ class SeriesFilter:
 def gauge_by_group(
     series: Iterable[Sample], group_of: Callable[[Sample], str], combine: Callable[[Iterable[float]], float]
 ) -> dict[str, float]:
-    """Per data-parallel group, combine the group's series (NaN readings are dropped)."""
+    """Per data-parallel group, combine the group's series (NaN readings are dropped: missing, not zero).
+    A negative or infinite gauge is garbage: InvalidSignal, never combined into a plausible number."""
     grouped: dict[str, list[float]] = {}
     for s in series:
         grouped.setdefault(group_of(s), [])
-        if not math.isnan(s.value):
-            grouped[group_of(s)].append(s.value)
+        if math.isnan(s.value):
+            continue
+        if math.isinf(s.value) or s.value < 0:
+            raise InvalidSignal(s.name, s.value, "a finite gauge >= 0")
+        grouped[group_of(s)].append(s.value)
     return {g: combine(v) if v else math.nan for g, v in grouped.items()}
 
 
@@ -100,6 +105,8 @@ def assemble_engines(
         for family, value in zip(families, values, strict=True):
             if math.isnan(value):
                 raise MissingSignal(f"{family}{{{rank_label}={rank!r}}}")
+        if values[2] > KV_MAX:
+            raise InvalidSignal(f"{families[2]}{{{rank_label}={rank!r}}}", values[2], "a fraction of the KV pool, 0-1")
         engines.append(EngineSignals(rank, *values))
     return engines
 
@@ -114,7 +121,14 @@ def histogram(samples: Samples, family: str, keep: Callable[[Sample], bool]) -> 
     by_le: dict[float, float] = {}
     for s in samples.get(f"{family}_bucket", ()):
         if keep(s) and "le" in s.labels:
-            le = float(s.labels["le"])
+            try:
+                le = float(s.labels["le"])
+            except ValueError:
+                raise InvalidSignal(
+                    f"{family}_bucket", s.labels["le"], "an `le` bound that is a number or +Inf"
+                ) from None
+            if math.isnan(le):
+                raise InvalidSignal(f"{family}_bucket", s.labels["le"], "an `le` bound that is a number or +Inf")
             by_le[le] = by_le.get(le, 0.0) + s.value
     if not by_le or not math.isinf(max(by_le)):
         return None

@@ -1,0 +1,32 @@
+"""A fleet's state across scrapes (pure: the clock is passed in)."""
+
+from __future__ import annotations
+
+from keda_llm_scaler.fleet import EXPIRED, FRESH, FleetState, Observation
+from keda_llm_scaler.policy import ScoringParams
+from keda_llm_scaler.signals import EngineSignals, ReplicaSignals
+
+
+def signals(rejects: float, admitted: float) -> ReplicaSignals:
+    return ReplicaSignals.from_engines(
+        "vllm", [EngineSignals("0", 0.0, 10.0, 0.3)], rejects_total=rejects, admitted_total=admitted
+    )
+
+
+def test_an_expired_replica_keeps_no_rates() -> None:
+    # a replica that was rejecting, then stopped answering: its last reject rate must not hold the
+    # fleet's reject floor up forever (it counts at target, as any replica without data does)
+    fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=5.0)
+    calm = Observation("calm", signals(0.0, 0.0))
+    for t, rejects in ((0.0, 0.0), (5.0, 50.0), (10.0, 100.0)):
+        fleet.update(t, [Observation("r", signals(rejects, 10 * t)), calm])
+    live = fleet.evaluate(10.0)
+    assert live.replicas[1].state == FRESH and (live.replicas[1].reject_rate or 0) > 0
+    assert live.composite is not None and live.composite.reject > 0
+    for t in (15.0, 20.0, 25.0, 30.0):
+        fleet.update(t, [Observation("r", None, "timeout", "no answer"), calm])
+    gone = fleet.evaluate(30.0)
+    report = next(r for r in gone.replicas if r.url == "r")
+    assert report.state == EXPIRED
+    assert (report.reject_rate, report.admitted_rate, report.preemption_rate) == (None, None, None)
+    assert gone.composite is not None and gone.composite.reject == 0.0 and gone.composite.expired == 1
