@@ -64,7 +64,7 @@ class Settings:
         if self.log_level.lower() not in LOG_LEVELS:
             raise ValueError(f"--log-level {self.log_level!r}: accepted: {' | '.join(LOG_LEVELS)}")
         checks: tuple[tuple[str, float, float], ...] = (
-            ("target_idle_ttl", self.target_idle_ttl, 1.0),
+            ("target_idle_ttl", self.target_idle_ttl, 0.1),  # 0 would spin the evictor
             ("max_targets", self.max_targets, 1),
             ("warmup_wait", self.warmup_wait, 0.0),
             ("max_scrape_bytes", self.max_scrape_bytes, 1024),
