@@ -7,6 +7,7 @@ simulator feeds it simulated replicas, and both get the same numbers from the sa
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
@@ -244,7 +245,10 @@ class FleetState:
             comp: Composite | None = composite([_policy_input(r) for r in reports], p, incoming, demand, slo_q)
             error = None
         except NoFreshData as exc:
-            comp, error = None, f"{exc}: " + "; ".join(f"{r.url} {r.reason}" for r in reports[:5])
+            # counts by reason, never addresses: the gRPC port is unauthenticated, and per-URL reasons
+            # would make it a port-scanning oracle (details are in the scaler's log)
+            reasons = Counter(r.reason or r.state for r in reports)
+            comp, error = None, f"{exc}: " + ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
         return Evaluation(
             replicas=reports,
             composite=comp,

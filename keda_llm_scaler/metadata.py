@@ -8,7 +8,6 @@ ignored; likely mistakes get a hint in the log.
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import math
 import re
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
+from keda_llm_scaler.addresses import refusal
 from keda_llm_scaler.demand import bin_seconds
 from keda_llm_scaler.engines import ENGINE_CHOICES
 from keda_llm_scaler.errors import BadMetadata
@@ -91,8 +91,6 @@ _HOSTNAME = re.compile(
     r"^(?=.{1,253}\.?$)([A-Za-z0-9_]([-A-Za-z0-9_]{0,61}[A-Za-z0-9])?\.)*"
     r"[A-Za-z0-9_]([-A-Za-z0-9_]{0,61}[A-Za-z0-9])?\.?$"
 )
-_LINK_LOCAL_V4 = ipaddress.ip_network("169.254.0.0/16")
-_LINK_LOCAL_V6 = ipaddress.ip_network("fe80::/10")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,17 +157,12 @@ class TriggerConfig:
 
 
 def check_address(host: str, key: str) -> None:
-    """Refuse link-local targets (cloud metadata services live there) and non-unicast addresses."""
-    try:
-        ip = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return  # a hostname: checked again after resolution by DNS discovery
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip in _LINK_LOCAL_V4 or ip in _LINK_LOCAL_V6:
-        raise BadMetadata(key, f"link-local address {host} is refused", "routable replica addresses")
-    if ip.is_multicast or ip.is_unspecified:
-        raise BadMetadata(key, f"address {host} is not a unicast host", "routable replica addresses")
+    """Refuse link-local targets (cloud metadata services live there), metadata service names and
+    non-unicast addresses, in every spelling the resolver accepts (``keda_llm_scaler.addresses``). Names
+    are checked again on what they resolve to, when the scrape connects."""
+    why = refusal(host)
+    if why is not None:
+        raise BadMetadata(key, f"{host}: {why} is refused", "routable replica addresses")
 
 
 def _number(meta: Mapping[str, str], key: str, lo: float, hi: float, *, lo_open: bool = False) -> float:

@@ -15,8 +15,10 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
+import httpcore
 import httpx
 
+from keda_llm_scaler.addresses import GuardedBackend
 from keda_llm_scaler.engines import read_replica
 from keda_llm_scaler.errors import ReplicaError
 from keda_llm_scaler.promtext import TextFormatError
@@ -50,10 +52,18 @@ class Scraper:
         self.max_bytes = max_bytes
         self.max_concurrency = max_concurrency
         self._sem = asyncio.Semaphore(max_concurrency)
+        transport = httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
+        )
+        # every connection goes through the address guard: resolve, check, connect to what was checked
+        pool = transport._pool
+        if not isinstance(pool, httpcore.AsyncConnectionPool) or not hasattr(pool, "_network_backend"):
+            raise RuntimeError("httpx/httpcore changed: the scrape client cannot install its address guard")
+        pool._network_backend = GuardedBackend()
         self._http = httpx.AsyncClient(
             headers={"User-Agent": USER_AGENT, "Accept": "text/plain;version=0.0.4"},
             follow_redirects=False,  # a redirect could point the scaler anywhere
-            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+            transport=transport,
             trust_env=False,  # never route replica scrapes through an environment proxy
         )
 
@@ -105,6 +115,8 @@ class Scraper:
         except httpx.TimeoutException:
             return result(None, "timeout", f"no complete answer within {timeout:g}s")
         except (httpx.ConnectError, ConnectionError) as exc:
+            if str(exc).startswith("refused: "):  # the address guard (keda_llm_scaler.addresses)
+                return result(None, "refused_address", str(exc).removeprefix("refused: "))
             return result(None, "connect_error", str(exc) or type(exc).__name__)
         except (httpx.HTTPError, OSError) as exc:
             return result(None, "http_error", f"{type(exc).__name__}: {exc}")

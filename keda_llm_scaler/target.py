@@ -20,6 +20,7 @@ from typing import Protocol
 
 import structlog
 
+from keda_llm_scaler.addresses import redact
 from keda_llm_scaler.discovery import DiscoveryError, Resolver
 from keda_llm_scaler.errors import NoFreshData
 from keda_llm_scaler.fleet import EXPIRED, FRESH, REPLICA_STATES, STALE, Evaluation, FleetState, Observation
@@ -218,7 +219,10 @@ class FleetWorker:
         if self._membership is not None and found.urls != self._membership.urls:
             before, after = set(self._membership.urls), set(found.urls)
             log.info(
-                "replicas_changed", target=self.cfg.label, added=sorted(after - before), removed=sorted(before - after)
+                "replicas_changed",
+                target=self.cfg.label,
+                added=sorted(redact(u) for u in after - before),
+                removed=sorted(redact(u) for u in before - after),
             )
         for m in found.members:
             if m.phase in (PENDING, FAILED_TO_START) and self._phases.get(m.key) != m.phase:
@@ -266,10 +270,14 @@ class FleetWorker:
             res = by_url[url]
             if failing:
                 log.warning(
-                    "replica_scrape_failed", target=cfg.label, url=url, reason=res.reason, detail=res.detail[:300]
+                    "replica_scrape_failed",
+                    target=cfg.label,
+                    url=redact(url),
+                    reason=res.reason,
+                    detail=res.detail[:300].replace(url, redact(url)),
                 )
             else:
-                log.info("replica_scrape_recovered", target=cfg.label, url=url)
+                log.info("replica_scrape_recovered", target=cfg.label, url=redact(url))
         cycle_s = now - started
         starting = membership.starting
 
