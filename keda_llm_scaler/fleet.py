@@ -15,7 +15,7 @@ from typing import Final
 from keda_llm_scaler.demand import DemandConfig, DemandEstimate, DemandTracker, ReplicaCounters
 from keda_llm_scaler.errors import NoFreshData
 from keda_llm_scaler.policy import Composite, ReplicaInput, ScoringParams, composite
-from keda_llm_scaler.rates import DEFAULT_WINDOW_S, CounterWindow, HistogramWindow
+from keda_llm_scaler.rates import DEFAULT_WINDOW_S, CounterWindow, HistogramWindow, SeriesCounter
 from keda_llm_scaler.signals import Histogram, ReplicaSignals, histogram_quantile
 
 __all__ = [
@@ -89,6 +89,8 @@ class _ReplicaState:
     preemptions: CounterWindow = field(init=False)
     ttft: HistogramWindow = field(init=False)
     queue_time: HistogramWindow = field(init=False)
+    counters: dict[str, SeriesCounter] = field(default_factory=dict)
+    totals: dict[str, float | None] = field(default_factory=dict)  # this scrape's, resets per series
 
     def __post_init__(self) -> None:
         self.rejects = CounterWindow(self.window_s)
@@ -103,13 +105,19 @@ class _ReplicaState:
         if s is None:
             return
         self.signals, self.last_ok = s, now
-        for window, value in (
-            (self.rejects, s.rejects_total),
-            (self.admitted, s.admitted_total),
-            (self.preemptions, s.preemptions_total),
+        for name, window, value in (
+            ("rejects", self.rejects, s.rejects_total),
+            ("admitted", self.admitted, s.admitted_total),
+            ("preemptions", self.preemptions, s.preemptions_total),
         ):
-            if value is not None:
-                window.observe(now, value)
+            self.totals[name] = None
+            if value is None:
+                continue
+            series = {key: v for counter, key, v in s.counter_series if counter == name}
+            if series:  # resets per series: the total only moves up (rates.SeriesCounter)
+                value = self.counters.setdefault(name, SeriesCounter()).observe(series)
+            self.totals[name] = value
+            window.observe(now, value)
         for hwindow, hist in ((self.ttft, s.ttft), (self.queue_time, s.queue_time)):
             if hist is not None:
                 hwindow.observe(now, hist)
@@ -212,12 +220,12 @@ class FleetState:
             (
                 ReplicaCounters(
                     o.url,
-                    o.signals.admitted_total,
-                    o.signals.rejects_total,
+                    self._replicas[o.url].totals.get("admitted"),
+                    self._replicas[o.url].totals.get("rejects"),
                     o.signals.waiting,
                     o.signals.running,
                     o.signals.kv_usage_max,
-                    o.signals.preemptions_total,
+                    self._replicas[o.url].totals.get("preemptions"),
                 )
                 for o in obs
                 if o.signals is not None

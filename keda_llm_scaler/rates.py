@@ -7,12 +7,13 @@ since the reset; a window with a single point has no rate. Nothing here fabricat
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Final
 
 from keda_llm_scaler.signals import Histogram, histogram_quantile
 
-__all__ = ["DEFAULT_WINDOW_S", "CounterWindow", "HistogramWindow"]
+__all__ = ["DEFAULT_WINDOW_S", "CounterWindow", "HistogramWindow", "SeriesCounter"]
 
 DEFAULT_WINDOW_S: Final = 30.0
 
@@ -48,6 +49,36 @@ class CounterWindow:
             return None
         span = self._points[-1][0] - self._points[0][0]
         return inc / span if span > 0 else None
+
+
+class SeriesCounter:
+    """A counter summed over its series, with resets found per series (as Prometheus' ``increase()``
+    does): the result only moves up, by each series' increase, a reset series contributing its new
+    value. On a data-parallel pod where one engine restarts, the pod's sum drops and rises again; read
+    on the sum that reset looked like the whole pod's count arriving at once (a reject rate of 103.5/s
+    for a true 2.5/s). A series first seen after the first scrape counts from zero (engines create some
+    series lazily, at their first event); one that disappears is forgotten."""
+
+    __slots__ = ("_last", "total")
+
+    def __init__(self) -> None:
+        self.total: float | None = None
+        self._last: dict[str, float] = {}
+
+    def observe(self, series: dict[str, float]) -> float:
+        if self.total is None:
+            self.total, self._last = math.fsum(series.values()), dict(series)
+            return self.total
+        increase = 0.0
+        for key, value in series.items():
+            prev = self._last.get(key)
+            if prev is None or value < prev:
+                increase += value  # new since the last scrape, or reset: all of it is new
+            else:
+                increase += value - prev
+        self._last = dict(series)
+        self.total += increase
+        return self.total
 
 
 class HistogramWindow:

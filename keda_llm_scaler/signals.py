@@ -106,6 +106,10 @@ class ReplicaSignals:
     admitted_total: float | None = None
     ttft: Histogram | None = None
     queue_time: Histogram | None = None
+    # The counters' series, (counter, series key, value), counter one of "preemptions", "rejects",
+    # "admitted": resets are detected per series (one data-parallel engine restarting resets only its
+    # own), not on the pod's sum (``keda_llm_scaler.rates.SeriesCounter``).
+    counter_series: tuple[tuple[str, str, float], ...] = ()
 
     @classmethod
     def from_engines(cls, engine: str, engines: Sequence[EngineSignals], **extra: object) -> ReplicaSignals:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from keda_llm_scaler.fleet import EXPIRED, FRESH, FleetState, Observation
 from keda_llm_scaler.policy import ScoringParams
 from keda_llm_scaler.signals import EngineSignals, ReplicaSignals
@@ -30,3 +32,24 @@ def test_an_expired_replica_keeps_no_rates() -> None:
     assert report.state == EXPIRED
     assert (report.reject_rate, report.admitted_rate, report.preemption_rate) == (None, None, None)
     assert gone.composite is not None and gone.composite.reject == 0.0 and gone.composite.expired == 1
+
+
+def test_one_data_parallel_engine_restarting_is_not_a_burst_of_rejects() -> None:
+    # before: resets were found on the pod's sum, and one engine restarting read as 103.5 rejects/s
+    from keda_llm_scaler.engines import read_replica
+    from tests.payloads import EngineLoad, vllm_v1
+
+    def payload(rejects0: float, rejects1: float) -> ReplicaSignals:
+        text = vllm_v1([EngineLoad(0, 10, 0.3), EngineLoad(1, 10, 0.3)])
+        lines = []
+        for n, value in ((0, rejects0), (1, rejects1)):
+            lines.append(f'vllm:admission_rejections_total{{engine="{n}",model_name="m"}} {value}\n')
+        return read_replica(text + "".join(lines))
+
+    fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=2.0)
+    fleet.update(0.0, [Observation("pod", payload(1000.0, 200.0))])
+    fleet.update(2.0, [Observation("pod", payload(1002.5, 202.5))])  # 2.5/s per engine
+    fleet.update(4.0, [Observation("pod", payload(1005.0, 0.0))])  # engine 1 restarts (its count lost)
+    fleet.update(6.0, [Observation("pod", payload(1007.5, 2.5))])
+    rate = fleet.evaluate(6.0).replicas[0].reject_rate
+    assert rate is not None and rate == pytest.approx(((2.5 + 2.5) + 2.5 + (2.5 + 2.5)) / 6.0)

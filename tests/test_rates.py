@@ -48,3 +48,17 @@ def test_histogram_window_uses_deltas_and_survives_reset() -> None:
     assert 0.5 < (w.quantile(0.95) or 0) <= 1.0
     w.observe(20, _hist([0, 0, 0, 0]))  # restart
     assert w.quantile(0.95) is None
+
+
+def test_series_counter_finds_resets_per_series() -> None:
+    from keda_llm_scaler.rates import SeriesCounter
+
+    c = SeriesCounter()
+    assert c.observe({"engine=0": 1000.0, "engine=1": 3000.0}) == 4000.0
+    # engine 1 restarted: its series starts over at 5; engine 0 moved by 5. The pod's sum fell to 1010.
+    assert c.observe({"engine=0": 1005.0, "engine=1": 5.0}) == 4010.0
+    assert c.observe({"engine=0": 1010.0, "engine=1": 10.0}) == 4020.0
+    # a lazily created series (first event since the last scrape) counts from zero; a gone one is forgotten
+    assert c.observe({"engine=0": 1010.0, "engine=1": 10.0, "status=5xx": 2.0}) == 4022.0
+    assert c.observe({"engine=0": 1011.0}) == 4023.0
+    assert c.observe({"engine=0": 1011.0, "engine=1": 4.0}) == 4027.0

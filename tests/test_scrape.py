@@ -52,7 +52,9 @@ async def test_failures_are_reasons(scraper: Scraper, behaviour: dict[str, objec
         elapsed = time.perf_counter() - start
     assert res.signals is None
     assert res.reason == reason, res.detail
-    assert elapsed < 1.5  # the deadline covers headers and body
+    # the 1 s deadline covers headers and body: the slow replicas alone would take >= 3 s (budget with
+    # room for a loaded machine, still under what an unbounded scrape would take)
+    assert elapsed < 2.5
 
 
 async def test_nothing_listening(scraper: Scraper) -> None:
@@ -62,12 +64,13 @@ async def test_nothing_listening(scraper: Scraper) -> None:
 
 async def test_one_slow_replica_does_not_delay_the_others(scraper: Scraper) -> None:
     with replicas(GOOD, GOOD, GOOD) as fleet:
-        fleet[0].set(delay_s=1.5)
+        fleet[0].set(delay_s=6.0)
         start = time.perf_counter()
         results = await asyncio.gather(
             *(scraper.scrape(r.url + "/metrics", timeout=1.0, engine="auto", model=None) for r in fleet)
         )
-        assert time.perf_counter() - start < 1.4
+        # bounded by the 1 s deadline, not by the slow replica's 6 s (generous room for a loaded machine)
+        assert time.perf_counter() - start < 3.0
     assert [r.reason for r in results] == ["timeout", None, None]
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "Samples",
     "SeriesFilter",
     "assemble_engines",
+    "counter_parts",
     "counter_sum",
     "gauge_by_group",
     "histogram",
@@ -109,6 +110,16 @@ def assemble_engines(
             raise InvalidSignal(f"{families[2]}{{{rank_label}={rank!r}}}", values[2], "a fraction of the KV pool, 0-1")
         engines.append(EngineSignals(rank, *values))
     return engines
+
+
+def counter_parts(counter: str, series: Sequence[Sample]) -> list[tuple[str, str, float]]:
+    """(counter, series key, value) of each series with a value: what ``ReplicaSignals.counter_series``
+    holds so that resets are found per series."""
+    return [
+        (counter, ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())), s.value)
+        for s in series
+        if not math.isnan(s.value)
+    ]
 
 
 def counter_sum(series: Sequence[Sample]) -> float | None:

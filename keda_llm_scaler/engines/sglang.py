@@ -8,6 +8,7 @@ from keda_llm_scaler.engines.base import (
     Samples,
     SeriesFilter,
     assemble_engines,
+    counter_parts,
     counter_sum,
     gauge_by_group,
     histogram,
@@ -48,15 +49,17 @@ class SglangAdapter:
         running = gauge_by_group(flt.require(samples, RUNNING), _dp_rank, max)
         kv = gauge_by_group(flt.require(samples, KV), _dp_rank, max)
         engines = assemble_engines(waiting, running, kv, (WAITING, RUNNING, KV), "dp_rank")
+        retractions, finished = flt.select(samples, RETRACTIONS), flt.select(samples, FINISHED)
         return ReplicaSignals.from_engines(
             self.name,
             engines,
             models=tuple(sorted({m for s in samples.get(WAITING, ()) if (m := flt.model_of(s))})),
-            preemptions_total=counter_sum(flt.select(samples, RETRACTIONS)),
+            preemptions_total=counter_sum(retractions),
             # SGLang has no admission-reject counter: queue-full 503s are not distinguishable from
             # client aborts in num_aborted_requests_total, so the reject term stays unavailable.
             rejects_total=None,
-            admitted_total=counter_sum(flt.select(samples, FINISHED)),
+            admitted_total=counter_sum(finished),
+            counter_series=(*counter_parts("preemptions", retractions), *counter_parts("admitted", finished)),
             ttft=histogram(samples, TTFT, flt.keep),
             queue_time=histogram(samples, QUEUE_TIME, flt.keep),
         )

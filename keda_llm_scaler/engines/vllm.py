@@ -8,6 +8,7 @@ from keda_llm_scaler.engines.base import (
     Samples,
     SeriesFilter,
     assemble_engines,
+    counter_parts,
     counter_sum,
     gauge_by_group,
     histogram,
@@ -64,18 +65,26 @@ class VllmAdapter:
             raise MissingSignal(" or ".join(KV_NAMES))
         engines = assemble_engines(waiting, running, kv, (WAITING, RUNNING, KV_NAMES[0]), "engine")
 
-        rejects = counter_sum(flt.select(samples, ADMISSION_REJECTIONS))
+        reject_series = flt.select(samples, ADMISSION_REJECTIONS)
+        rejects = counter_sum(reject_series)
         if rejects is None:
             http = [s for s in samples.get(HTTP_REQUESTS, ()) if _is_generation_handler(s)]
             if http:  # the family exists: 5xx series are created lazily, so none yet means 0
-                rejects = sum(s.value for s in http if s.labels.get("status") == "5xx")
+                reject_series = [s for s in http if s.labels.get("status") == "5xx"]
+                rejects = sum(s.value for s in reject_series)
+        preemptions, success = flt.select(samples, PREEMPTIONS), flt.select(samples, SUCCESS)
         return ReplicaSignals.from_engines(
             self.name,
             engines,
             models=tuple(sorted({m for s in samples.get(WAITING, ()) if (m := flt.model_of(s))})),
-            preemptions_total=counter_sum(flt.select(samples, PREEMPTIONS)),
+            preemptions_total=counter_sum(preemptions),
             rejects_total=rejects,
-            admitted_total=counter_sum(flt.select(samples, SUCCESS)),
+            admitted_total=counter_sum(success),
+            counter_series=(
+                *counter_parts("preemptions", preemptions),
+                *counter_parts("rejects", reject_series),
+                *counter_parts("admitted", success),
+            ),
             ttft=histogram(samples, TTFT, flt.keep),
             queue_time=histogram(samples, QUEUE_TIME, flt.keep),
         )
