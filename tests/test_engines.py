@@ -172,3 +172,31 @@ def test_a_duplicate_series_fails_the_scrape_as_prometheus_does() -> None:
     line = next(ln for ln in text.splitlines() if ln.startswith("vllm:num_requests_waiting{"))
     with pytest.raises(TextFormatError, match="duplicate series"):
         read_replica(text + line + "\n")
+
+
+def test_vllm_under_ray_serve_reads_as_vllm() -> None:
+    # Ray Serve LLM prefixes every family with `ray_vllm:` and adds Ray's labels (real, truncated payload)
+    r = read_replica(fixture_text("ray-serve-vllm_v0.6.x_datadog-fixture_TRUNCATED.txt"))
+    assert r.engine == "vllm" and r.models == ("neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8",)
+    assert (r.waiting, r.running) == (0, 0) and r.kv_usage == pytest.approx(5.882698982295764e-05)
+    assert read_replica(fixture_text("ray-serve-vllm_v0.6.x_datadog-fixture_TRUNCATED.txt"), "vllm").engine == "vllm"
+
+
+def test_sglang_with_underscore_names_reads_as_sglang() -> None:
+    own = fixture_text("sglang_v0.4.x_docs-production-metrics-md.txt")
+    underscored = own.replace("sglang:", "sglang_")
+    assert "sglang:" not in underscored
+    a, b = read_replica(own), read_replica(underscored)
+    assert b.engine == "sglang" and (b.waiting, b.running, b.kv_usage) == (a.waiting, a.running, a.kv_usage)
+    assert read_replica(underscored, "sglang").waiting == a.waiting
+
+
+def test_two_ray_workers_on_one_endpoint_are_two_engines() -> None:
+    base = fixture_text("ray-serve-vllm_v0.6.x_datadog-fixture_TRUNCATED.txt")
+    second = "".join(
+        ln.replace('WorkerId="6ad5', 'WorkerId="7be6') + "\n"
+        for ln in base.splitlines()
+        if ln.startswith(("ray_vllm:num_requests_waiting", "ray_vllm:num_requests_running", "ray_vllm:gpu_cache"))
+    )
+    r = read_replica(base + second)
+    assert len(r.engines) == 2

@@ -8,7 +8,7 @@ from keda_llm_scaler.engines.base import EngineAdapter, Samples
 from keda_llm_scaler.engines.sglang import SglangAdapter
 from keda_llm_scaler.engines.vllm import VllmAdapter
 from keda_llm_scaler.errors import UnrecognizedPayload
-from keda_llm_scaler.promtext import SampleNames, parse_samples
+from keda_llm_scaler.promtext import Sample, SampleNames, parse_samples
 from keda_llm_scaler.signals import ReplicaSignals
 
 __all__ = ["ADAPTERS", "ENGINE_CHOICES", "EngineAdapter", "read_replica", "sample_names_for"]
@@ -16,11 +16,39 @@ __all__ = ["ADAPTERS", "ENGINE_CHOICES", "EngineAdapter", "read_replica", "sampl
 ADAPTERS: Final[dict[str, EngineAdapter]] = {"vllm": VllmAdapter(), "sglang": SglangAdapter()}
 ENGINE_CHOICES: Final = ("auto", *ADAPTERS)
 
-_ALL_NAMES: Final = SampleNames(set().union(*(a.sample_names.names for a in ADAPTERS.values())))
+# Spellings of the same families seen in the field: vLLM under Ray Serve LLM prefixes every family with
+# `ray_vllm:` (and adds Ray's labels); some SGLang builds and gateways re-export `sglang:` as `sglang_`
+# (Prometheus names without a colon). They are read as the engine's own names.
+ALIASES: Final = (("ray_vllm:", "vllm:"), ("sglang_", "sglang:"))
+
+
+def _with_aliases(names: SampleNames) -> SampleNames:
+    extra = {alias + n.removeprefix(canon) for n in names.names for alias, canon in ALIASES if n.startswith(canon)}
+    return SampleNames(names.names | extra)
+
+
+_ALL_NAMES: Final = _with_aliases(SampleNames(set().union(*(a.sample_names.names for a in ADAPTERS.values()))))
+_BY_ENGINE: Final = {name: _with_aliases(a.sample_names) for name, a in ADAPTERS.items()}
 
 
 def sample_names_for(engine: str) -> SampleNames:
-    return _ALL_NAMES if engine == "auto" else ADAPTERS[engine].sample_names
+    return _ALL_NAMES if engine == "auto" else _BY_ENGINE[engine]
+
+
+def _canonical(samples: dict[str, list[Sample]]) -> dict[str, list[Sample]]:
+    """Aliased families under the engine's own names (a payload with both keeps both: duplicates of
+    one series then fail as any duplicate does)."""
+    out: dict[str, list[Sample]] = {}
+    for name, series in samples.items():
+        canon = name
+        for alias, own in ALIASES:
+            if name.startswith(alias):
+                canon = own + name.removeprefix(alias)
+                break
+        if canon != name:
+            series = [Sample(canon, s.labels, s.value) for s in series]
+        out.setdefault(canon, []).extend(series)
+    return out
 
 
 def detect(samples: Samples) -> EngineAdapter:
@@ -32,6 +60,6 @@ def detect(samples: Samples) -> EngineAdapter:
 
 def read_replica(text: str, engine: str = "auto", model: str | None = None) -> ReplicaSignals:
     """Parse one replica's /metrics text into signals; raises ReplicaError or TextFormatError."""
-    samples = parse_samples(text, sample_names_for(engine))
+    samples = _canonical(parse_samples(text, sample_names_for(engine)))
     adapter = detect(samples) if engine == "auto" else ADAPTERS[engine]
     return adapter.extract(samples, model)

@@ -35,8 +35,9 @@ QUEUE_TIME: Final = "vllm:request_queue_time_seconds"
 
 
 def _engine_rank(sample: Sample) -> str:
-    # V1 labels every engine series with its data-parallel index; V0 and early V1 have one engine.
-    return sample.labels.get("engine", "0")
+    # V1 labels every engine series with its data-parallel index; V0 and early V1 have one engine; under
+    # Ray Serve each engine is a Ray worker (WorkerId).
+    return sample.labels.get("engine") or sample.labels.get("WorkerId") or "0"
 
 
 def _is_generation_handler(sample: Sample) -> bool:
