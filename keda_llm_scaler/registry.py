@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -11,7 +12,7 @@ from collections.abc import Callable, Mapping
 import structlog
 
 from keda_llm_scaler.discovery import make_resolver
-from keda_llm_scaler.errors import ScalerError
+from keda_llm_scaler.errors import BadMetadata, ScalerError
 from keda_llm_scaler.kube import KubeClient
 from keda_llm_scaler.metadata import TriggerConfig, metadata_hints, parse_trigger
 from keda_llm_scaler.scrape import Scraper
@@ -22,6 +23,10 @@ __all__ = ["TargetRegistry", "TooManyTargets"]
 log = structlog.get_logger(__name__)
 
 _PARSE_CACHE_SIZE = 1024
+MAX_METADATA_BYTES = 256 * 1024  # 1,000 endpoint URLs are ~50 KB; beyond this is not a trigger
+# A ScaledObject whose trigger metadata changed (a new endpoint list, a new threshold) gets a new target;
+# KEDA stops calling the old one, which then retires after this, not after the full idle TTL.
+SUPERSEDED_TTL_S = 120.0
 
 
 class TooManyTargets(ScalerError):
@@ -50,20 +55,27 @@ class TargetRegistry:
         self._targets: dict[tuple[object, ...], Target] = {}
         self._fleets: dict[tuple[object, ...], FleetWorker] = {}
         # metadata -> config; also remembers which metadata we already logged hints for
-        self._parsed: OrderedDict[tuple[object, ...], TriggerConfig] = OrderedDict()
+        self._parsed: OrderedDict[bytes, TriggerConfig] = OrderedDict()
 
     def config_for(self, namespace: str, name: str, metadata: Mapping[str, str]) -> TriggerConfig:
-        """Parse (cached) trigger metadata; raises BadMetadata."""
-        key = (namespace, name, tuple(sorted(metadata.items())))
-        cfg = self._parsed.get(key)
+        """Parse (cached) trigger metadata; raises BadMetadata. The size is checked before anything is
+        parsed, and the cache holds digests of the metadata, not the metadata itself."""
+        size = sum(len(k) + len(v) for k, v in metadata.items())
+        if size > MAX_METADATA_BYTES:
+            biggest = max(metadata, key=lambda k: len(metadata[k]))
+            raise BadMetadata(biggest, f"trigger metadata is {size} characters", f"at most {MAX_METADATA_BYTES} in all")
+        digest = hashlib.sha256(
+            "\0".join([namespace, name, *(f"{k}\0{v}" for k, v in sorted(metadata.items()))]).encode()
+        ).digest()
+        cfg = self._parsed.get(digest)
         if cfg is not None:
-            self._parsed.move_to_end(key)
+            self._parsed.move_to_end(digest)
             return cfg
         cfg = parse_trigger(namespace, name, metadata, allow_cross_namespace=self.allow_cross_namespace)
         make_resolver(cfg.discovery, self._kube, name)  # refuses Kubernetes discovery when not configured
         for hint in metadata_hints(metadata):
             log.warning("metadata_hint", scaledobject=f"{namespace}/{name}", hint=hint)
-        self._parsed[key] = cfg
+        self._parsed[digest] = cfg
         if len(self._parsed) > _PARSE_CACHE_SIZE:
             self._parsed.popitem(last=False)
         return cfg
@@ -102,18 +114,41 @@ class TargetRegistry:
     def fleets(self) -> list[FleetWorker]:
         return list(self._fleets.values())
 
+    def _idle(self, now: float) -> list[tuple[object, ...]]:
+        by_so: dict[tuple[str, str], list[Target]] = {}
+        for t in self._targets.values():
+            by_so.setdefault((t.cfg.namespace, t.cfg.name), []).append(t)
+        idle = []
+        for key, t in self._targets.items():
+            if t.holders:
+                continue
+            unused = now - t.last_used
+            # superseded: a newer target of the same ScaledObject has been called twice since this one
+            # last was (KEDA asks every trigger of a ScaledObject on each poll, so this one was dropped)
+            superseded = any(
+                o.registered_at > t.registered_at and o.prev_used > t.last_used
+                for o in by_so[(t.cfg.namespace, t.cfg.name)]
+            )
+            if unused > self.idle_ttl_s or (superseded and unused > min(SUPERSEDED_TTL_S, self.idle_ttl_s)):
+                idle.append(key)
+        return idle
+
     async def evict_idle(self) -> int:
         now = self._clock()
-        idle = [k for k, t in self._targets.items() if t.holders == 0 and now - t.last_used > self.idle_ttl_s]
-        for key in idle:
-            target = self._targets.pop(key)
-            await target.stop()
+        gone = [self._targets.pop(key) for key in self._idle(now)]
+        await asyncio.gather(*(t.stop() for t in gone))  # all at once: a thousand idle targets, one wait
+        for target in gone:
             if not target.worker.views:  # its last view: the fleet's loop stops and its series go
                 self._fleets.pop(target.worker.key, None)
             log.info(
                 "target_evicted", target=target.cfg.label, target_id=target.id, idle_s=round(now - target.last_used)
             )
-        return len(idle)
+        left = {(t.cfg.namespace, t.cfg.name) for t in self._targets.values()}
+        for so in {(t.cfg.namespace, t.cfg.name) for t in gone} - left:
+            forget = getattr(self._observer, "forget", None)
+            if forget is not None:
+                forget(*so)  # the ScaledObject's per-scrape series leave /metrics with it
+        return len(gone)
 
     async def run_evictor(self, every_s: float = 30.0) -> None:
         while True:

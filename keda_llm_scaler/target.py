@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,7 +80,8 @@ class Target:
         self.worker = worker
         self._clock = clock
         self.snapshot: Snapshot | None = None
-        self.last_used = clock()
+        self.last_used = self.registered_at = clock()
+        self.prev_used = -math.inf
         self.holders = 0  # open streams keep a target from eviction
         self._updated = asyncio.Event()
 
@@ -91,7 +93,10 @@ class Target:
         await self.worker.detach(self)
 
     def touch(self) -> None:
-        self.last_used = self._clock()
+        now = self._clock()
+        if now - self.last_used > 1.0:  # calls of one KEDA poll come together: one use
+            self.prev_used = self.last_used
+        self.last_used = now
 
     # -- reading ---------------------------------------------------------------------------------
     def max_snapshot_age(self) -> float:

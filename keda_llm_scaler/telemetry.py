@@ -7,6 +7,7 @@ scrape time by a custom collector, so an evicted target or a replica that left l
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -205,6 +206,7 @@ class ScalerMetrics:
             registry=self.registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
         )
+        self._reasons: dict[tuple[str, str], set[str]] = {}  # which error series exist, to remove them
         self.scrape_errors = Counter(
             "llm_scaler_scrape_errors",
             "Failed replica scrapes by reason",
@@ -228,7 +230,16 @@ class ScalerMetrics:
         self.registry.register(_Build())
         self.registry.register(_TargetCollector(targets, clock))
 
+    def forget(self, namespace: str, scaledobject: str) -> None:
+        """Remove the per-scrape series of a ScaledObject no longer served (bounded /metrics under churn)."""
+        with contextlib.suppress(KeyError):
+            self.scrape_duration.remove(namespace, scaledobject)
+        for reason in list(self._reasons.pop((namespace, scaledobject), ())):
+            with contextlib.suppress(KeyError):
+                self.scrape_errors.remove(namespace, scaledobject, reason)
+
     def scrape_done(self, cfg: TriggerConfig, result: ScrapeResult) -> None:
         self.scrape_duration.labels(cfg.namespace, cfg.name).observe(result.duration_s)
         if result.reason is not None:
             self.scrape_errors.labels(cfg.namespace, cfg.name, result.reason).inc()
+            self._reasons.setdefault((cfg.namespace, cfg.name), set()).add(result.reason)

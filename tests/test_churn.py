@@ -1,0 +1,72 @@
+"""Churn: metadata that changes, targets that come and go, bounded memory and /metrics."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+
+from keda_llm_scaler.errors import BadMetadata
+from keda_llm_scaler.metadata import parse_trigger
+from keda_llm_scaler.registry import MAX_METADATA_BYTES, TargetRegistry
+from keda_llm_scaler.scrape import Scraper, ScrapeResult
+from keda_llm_scaler.telemetry import ScalerMetrics
+
+DEAD = "http://127.0.0.1:9"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_superseded_trigger_retires_promptly_and_live_siblings_stay() -> None:
+    clock = Clock()
+    scraper = Scraper()
+    reg = TargetRegistry(scraper, idle_ttl_s=600.0, clock=clock)
+    try:
+        old = reg.ensure(reg.config_for("serving", "llm", {"endpoints": DEAD}))
+        sibling_a = reg.ensure(reg.config_for("serving", "two", {"endpoints": DEAD}))
+        sibling_b = reg.ensure(reg.config_for("serving", "two", {"endpoints": DEAD, "activationThreshold": "1"}))
+        clock.now += 30.0
+        # the endpoint list of `llm` changed: KEDA now asks with the new metadata every 30 s
+        new = reg.ensure(reg.config_for("serving", "llm", {"endpoints": DEAD + ",http://127.0.0.1:10"}))
+        for _ in range(5):
+            clock.now += 30.0
+            for t in (new, sibling_a, sibling_b):
+                t.touch()  # a ScaledObject with two triggers: both asked on every poll
+        assert await reg.evict_idle() == 1  # 180 s unused, superseded: not the 600 s idle TTL
+        assert set(reg.targets()) == {new, sibling_a, sibling_b}
+        assert old not in reg.targets()
+    finally:
+        await reg.aclose()
+
+
+def test_metadata_size_is_checked_before_parsing() -> None:
+    reg = TargetRegistry(Scraper.__new__(Scraper))  # no scraping here: config_for only
+    huge = ",".join(f"http://10.0.{i // 250}.{i % 250}:8000" for i in range(20_000))
+    assert len(huge) > MAX_METADATA_BYTES
+    with pytest.raises(BadMetadata, match="endpoints") as err:
+        reg.config_for("serving", "llm", {"endpoints": huge})
+    assert "at most" in str(err.value)
+    # under the budget, the usual per-key limits still apply (1000 endpoints)
+    with pytest.raises(BadMetadata, match="at most 1000"):
+        parse_trigger(
+            "serving", "llm", {"endpoints": ",".join(f"http://10.0.0.{i % 250}:{8000 + i}" for i in range(1500))}
+        )
+
+
+def test_series_of_a_forgotten_scaledobject_leave_metrics() -> None:
+    metrics = ScalerMetrics(lambda: [])
+    cfg = parse_trigger("serving", "gone", {"endpoints": DEAD})
+    keep = parse_trigger("serving", "stays", {"endpoints": DEAD})
+    for c in (cfg, keep):
+        metrics.scrape_done(c, ScrapeResult(DEAD, None, "connect_error", "refused", 0.01, 0))
+        metrics.scrape_done(c, ScrapeResult(DEAD, None, "timeout", "slow", 0.01, 0))
+    text = generate_latest(metrics.registry).decode()
+    assert 'scaledobject="gone"' in text
+    metrics.forget("serving", "gone")
+    text = generate_latest(metrics.registry).decode()
+    assert 'scaledobject="gone"' not in text and 'scaledobject="stays"' in text
