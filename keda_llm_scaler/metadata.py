@@ -214,7 +214,8 @@ def _port(meta: Mapping[str, str], engine: str) -> int:
     raw = meta.get("port", "").strip()
     if not raw:
         return 30000 if engine == "sglang" else 8000  # each engine's default serving port
-    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+    # ASCII digits only: str.isdigit() takes "¹" (then int() fails: INTERNAL) and "٨٠٠٠" (read as 8000)
+    if not re.fullmatch(r"[0-9]{1,5}", raw) or not 1 <= int(raw) <= 65535:
         raise BadMetadata("port", f"{raw!r} is not a port number", "an integer 1-65535")
     return int(raw)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -30,6 +31,7 @@ DEFAULT_MAX_BYTES: Final = 8 * 1024 * 1024  # a DP=8 vLLM pod serves ~0.36 MB; 2
 USER_AGENT: Final = "keda-llm-scaler/0.1"
 PER_FLEET_CONCURRENCY: Final = 16  # at most this many of one fleet's scrapes in flight...
 PER_FLEET_SHARE: Final = 0.25  # ...and at most this share of the process-wide slots (16 of the default 64)
+PER_NAMESPACE_SHARE: Final = 0.5  # all fleets of one namespace (tenant) together: half the process's slots
 THREAD_PARSE_BYTES: Final = 64 * 1024  # above this a parse takes milliseconds: do it off the event loop
 
 
@@ -51,6 +53,7 @@ class Scraper:
     def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES, max_concurrency: int = 64) -> None:
         self.max_bytes = max_bytes
         self.max_concurrency = max_concurrency
+        self._namespaces: dict[str, asyncio.Semaphore] = {}
         self._sem = asyncio.Semaphore(max_concurrency)
         transport = httpx.AsyncHTTPTransport(
             limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
@@ -75,7 +78,7 @@ class Scraper:
             if resp.status_code != 200:
                 raise httpx.HTTPStatusError(f"HTTP {resp.status_code}", request=resp.request, response=resp)
             declared = resp.headers.get("content-length")
-            if declared and declared.isdigit() and int(declared) > self.max_bytes:
+            if declared and declared.isascii() and declared.isdigit() and int(declared) > self.max_bytes:
                 raise _TooLarge(f"Content-Length {declared} > {self.max_bytes}")
             chunks, size = [], 0
             async for chunk in resp.aiter_bytes():
@@ -85,13 +88,30 @@ class Scraper:
                 chunks.append(chunk)
             return b"".join(chunks)
 
+    def namespace_limit(self, namespace: str) -> asyncio.Semaphore:
+        """The slots all fleets of one namespace share: one tenant's silent endpoints cannot take them all."""
+        sem = self._namespaces.get(namespace)
+        if sem is None:
+            sem = self._namespaces[namespace] = asyncio.Semaphore(
+                max(1, int(self.max_concurrency * PER_NAMESPACE_SHARE))
+            )
+        return sem
+
     def fleet_limit(self) -> asyncio.Semaphore:
         """A fleet's own concurrency limit (taken before the process-wide one)."""
         return asyncio.Semaphore(max(1, min(PER_FLEET_CONCURRENCY, int(self.max_concurrency * PER_FLEET_SHARE))))
 
     async def scrape(
-        self, url: str, *, timeout: float, engine: str, model: str | None, limit: asyncio.Semaphore | None = None
+        self,
+        url: str,
+        *,
+        timeout: float,
+        engine: str,
+        model: str | None,
+        limits: Sequence[asyncio.Semaphore] = (),
     ) -> ScrapeResult:
+        """``limits``: the fleet's and the namespace's slots, taken (in order, then the process-wide one)
+        inside the deadline."""
         start = time.perf_counter()
         body = b""
         stage = "slot"
@@ -101,7 +121,9 @@ class Scraper:
 
         try:
             async with asyncio.timeout(timeout):
-                async with limit or contextlib.nullcontext(), self._sem:
+                async with contextlib.AsyncExitStack() as slots:
+                    for sem in (*limits, self._sem):
+                        await slots.enter_async_context(sem)
                     stage = "fetch"
                     body = await self._fetch(url, timeout)
         except TimeoutError:

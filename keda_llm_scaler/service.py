@@ -184,6 +184,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         try:
             last: bool | None = None
             while not self._shutdown.is_set():
+                # taken before the state is read: a snapshot published while this message is being sent
+                # sets this very event, so the loop cannot sleep through it until the next one
+                updated = target.update_event()
                 try:
                     active: bool | None = target.current()[1].active(cfg.activation_threshold)
                 except NoFreshData:
@@ -193,7 +196,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                         yield pb.IsActiveResponse(result=active)
                     last = active
                 target.touch()
-                await self._wait_update_or_shutdown(target)
+                await self._wait_update_or_shutdown(updated)
         finally:
             target.holders -= 1
             log.info("stream_closed", target_id=target.id)
@@ -208,8 +211,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         )
         yield pb.GetMetricSpecResponse()  # unreachable; makes this an async generator like the proto's stream
 
-    async def _wait_update_or_shutdown(self, target: Target) -> None:
-        update = asyncio.ensure_future(target.wait_update())
+    async def _wait_update_or_shutdown(self, updated: asyncio.Event) -> None:
+        update = asyncio.ensure_future(updated.wait())
         stop = asyncio.ensure_future(self._shutdown.wait())
         try:
             await asyncio.wait({update, stop}, return_when=asyncio.FIRST_COMPLETED)

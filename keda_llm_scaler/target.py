@@ -130,6 +130,10 @@ class Target:
     async def wait_update(self) -> None:
         await self._updated.wait()
 
+    def update_event(self) -> asyncio.Event:
+        """The event the next publish sets (take it before reading ``snapshot`` to miss none)."""
+        return self._updated
+
     async def run_cycle(self) -> Snapshot:
         """One cycle of this target's fleet now (tests and tools; the worker's loop does it on its own)."""
         await self.worker.run_cycle()
@@ -177,7 +181,8 @@ class FleetWorker:
         self._startups_seen: set[str] = set()
         self._phases: dict[str, str] = {}
         self._cycle = 0
-        self._limit = scraper.fleet_limit()  # this fleet's share of the scrape slots
+        # this fleet's share of the scrape slots, then its namespace's (per tenant)
+        self._limits = (scraper.fleet_limit(), scraper.namespace_limit(cfg.namespace))
         self.scrapes = 0  # replica scrapes made (one per ready replica per cycle, whatever the views)
         self._task: asyncio.Task[None] | None = None
 
@@ -252,7 +257,7 @@ class FleetWorker:
         results = await asyncio.gather(
             *(
                 self._scraper.scrape(
-                    url, timeout=cfg.scrape_timeout, engine=cfg.engine, model=cfg.model, limit=self._limit
+                    url, timeout=cfg.scrape_timeout, engine=cfg.engine, model=cfg.model, limits=self._limits
                 )
                 for url in urls
             )

@@ -186,3 +186,11 @@ def test_the_demand_keys_are_validated_naming_the_key() -> None:
     slow = parse_trigger("ns", "so", {**base, "scrapeInterval": "300", "scrapeTimeout": "2"})
     assert slow.scoring.demand_window_s == 900.0  # the default stretches to 3 bins rather than failing
     assert any("ttftSloSeconds" in h for h in metadata_hints({**base, "ttftSloQuantile": "0.9"}))
+
+
+@pytest.mark.parametrize("port", ["¹", "٨٠٠٠", "\uff18\uff10\uff10\uff10", "0", "65536", "+80", " 80 x", "1e3"])
+def test_ports_are_ascii_numbers_in_range(port: str) -> None:
+    # "¹" was INTERNAL (int() failed after isdigit() said yes); "٨٠٠٠" read as 8000
+    with pytest.raises(BadMetadata) as err:
+        parse(base={"service": "vllm", "port": port})
+    assert err.value.key == "port"

@@ -344,3 +344,30 @@ async def test_a_hung_fleet_does_not_delay_another_targets_snapshot() -> None:
     finally:
         for r in hung:
             r.close()
+
+
+async def test_one_tenants_many_hung_fleets_do_not_starve_another_namespace() -> None:
+    # 4 fleets x 6 hung replicas in one namespace, 8 slots in the process: by fleet shares alone they
+    # would hold all 8 (2 each); the namespace's share (half) leaves the other tenant its slots
+    hung = [Replica(AT_TARGET) for _ in range(24)]
+    try:
+        for r in hung:
+            r.set(delay_s=8)
+        with replicas(AT_TARGET, AT_TARGET) as healthy:
+            async with running_scaler(max_concurrent_scrapes=8) as scaler, channel_to(scaler) as ch:
+                slow = {"scrapeInterval": "5", "scrapeTimeout": "4.9", "staleAfter": "15"}
+                for n in range(4):
+                    urls = ",".join(r.url for r in hung[6 * n : 6 * n + 6])
+                    with pytest.raises(grpc.aio.AioRpcError):
+                        await KedaEmulator(ch, f"bad{n}", "tenant-a", {"endpoints": urls, **slow}).poll()
+                good = KedaEmulator(ch, "good", "tenant-b", {"endpoints": ",".join(r.url for r in healthy), **FAST})
+                await good.poll()
+                target = next(t for t in scaler.registry.targets() if t.cfg.name == "good")
+                for _ in range(6):
+                    await asyncio.sleep(0.5)
+                    snap = target.snapshot
+                    assert snap is not None
+                    assert all(r.state == "fresh" for r in snap.evaluation.replicas), snap.evaluation.replicas
+    finally:
+        for r in hung:
+            r.close()
