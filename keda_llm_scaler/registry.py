@@ -25,8 +25,9 @@ log = structlog.get_logger(__name__)
 _PARSE_CACHE_SIZE = 1024
 MAX_METADATA_BYTES = 256 * 1024  # 1,000 endpoint URLs are ~50 KB; beyond this is not a trigger
 # A ScaledObject whose trigger metadata changed (a new endpoint list, a new threshold) gets a new target;
-# KEDA stops calling the old one, which then retires after this, not after the full idle TTL.
-SUPERSEDED_TTL_S = 120.0
+# KEDA stops calling the old one, which then retires after this, not after the full idle TTL (the newer one
+# must also have been called twice since: see _idle).
+SUPERSEDED_TTL_S = 30.0
 
 
 class TooManyTargets(ScalerError):
@@ -152,7 +153,7 @@ class TargetRegistry:
 
     async def run_evictor(self, every_s: float = 30.0) -> None:
         while True:
-            await asyncio.sleep(min(every_s, self.idle_ttl_s))
+            await asyncio.sleep(min(every_s, self.idle_ttl_s, SUPERSEDED_TTL_S / 3))
             await self.evict_idle()
 
     async def aclose(self) -> None:

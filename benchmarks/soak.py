@@ -1,0 +1,309 @@
+"""Soak: the real `keda-llm-scaler serve` under churn and load, watched for leaks and slow answers.
+
+    python benchmarks/soak.py                      # 10 minutes, 200 RPC/s, 500 replicas, 300 streams
+    python benchmarks/soak.py --minutes 1 --rps 50 --replicas 100 --streams 50 --churn-s 10   # the CI size
+
+Replicas are one loopback asyncio HTTP server (its own process) answering vLLM payloads on
+/r<i>/metrics. `--fleets` ScaledObjects each scrape a slice of them; every `--churn-s` every fleet's
+endpoint list moves on (new trigger metadata: a new target, the old one superseded), and a third of the
+streams are cancelled and reopened on the new metadata. The load is GetMetrics at `--rps` (random fleet,
+2 s deadline) plus `--streams` StreamIsActive streams. Every 10 s the scaler process's RSS, CPU, open fds
+and /metrics size are sampled with the window's GetMetrics p50/p99 (calls to targets that have answered
+before; calls before a new target's first answer are counted apart) and its errors. Writes `soak.json`
+and `soak.png` to `--out` and prints one line per sample (progress) and a JSON summary. Exit code 1 if
+the process died.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from keda_llm_scaler._proto import externalscaler_pb2 as pb
+from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from tests.payloads import EngineLoad, vllm_v1
+from tests.replicas import unused_port
+
+PAYLOADS = [vllm_v1([EngineLoad(w, 20 + w, 0.2 + 0.1 * w)]).encode() for w in range(6)]
+
+
+def _serve_replicas(port_out: Any) -> None:
+    """All replicas in one asyncio HTTP/1.1 server, in its own process (no GIL shared with the load)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ", 2)[1].decode()
+                try:
+                    n = int(path.split("/")[1].removeprefix("r"))
+                except (ValueError, IndexError):
+                    n = 0
+                body = PAYLOADS[n % len(PAYLOADS)]
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
+        port_out.put(server.sockets[0].getsockname()[1])
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _proc_stats(pid: int) -> tuple[float, int]:
+    rss_kb = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss_kb = int(line.split()[1])
+    return rss_kb / 1024.0, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _metrics_lines(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        return sum(1 for line in resp.read().decode().splitlines() if line and not line.startswith("#"))
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Started:
+    """The replica server and the scaler process (started before the event loop)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        ports: multiprocessing.Queue[int] = multiprocessing.Queue()
+        self.replicas = multiprocessing.Process(target=_serve_replicas, args=(ports,), daemon=True)
+        self.replicas.start()
+        self.rport = ports.get(timeout=30)
+        self.grpc_port, self.metrics_port = unused_port(), unused_port()
+        self.out_dir = Path(args.out)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.log = open(self.out_dir / "serve.log", "wb")  # noqa: SIM115 - closed by stop()
+        env = {
+            **os.environ,
+            "LLM_SCALER_HOST": "127.0.0.1",
+            "LLM_SCALER_GRPC_PORT": str(self.grpc_port),
+            "LLM_SCALER_METRICS_PORT": str(self.metrics_port),
+            "LLM_SCALER_LOG_LEVEL": "warning",
+            "LLM_SCALER_LOG_JSON": "true",
+        }
+        exe = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
+        self.proc = subprocess.Popen([exe, "serve"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+        self.replicas.terminate()
+
+
+async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
+    proc, rport, grpc_port, metrics_port = started.proc, started.rport, started.grpc_port, started.metrics_port
+    per_fleet = max(1, args.replicas // args.fleets)
+    epoch = 0
+
+    def endpoints(fleet: int) -> str:
+        start = (fleet * per_fleet + epoch * max(1, per_fleet // 3)) % args.replicas
+        ids = [(start + k) % args.replicas for k in range(per_fleet)]
+        return ",".join(f"http://127.0.0.1:{rport}/r{i}/metrics" for i in ids)
+
+    def ref(fleet: int) -> pb.ScaledObjectRef:
+        meta = {"endpoints": endpoints(fleet), "scrapeInterval": "5", "scrapeTimeout": "2"}
+        return pb.ScaledObjectRef(name=f"so{fleet}", namespace=f"ns{fleet % 4}", scalerMetadata=meta)
+
+    latencies: list[float] = []  # calls to a target that has answered before: from memory
+    first_calls: list[float] = []  # calls on new metadata before its first answer: wait up to warmupWait
+    warm: set[tuple[int, int]] = set()
+    errors: dict[str, int] = {}
+    samples: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 60.0 * args.minutes
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+        stub = pb_grpc.ExternalScalerStub(ch)
+        for _ in range(100):  # wait for the server
+            try:
+                await stub.GetMetricSpec(ref(0), timeout=1)
+                break
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.2)
+        streams: list[tuple[Any, asyncio.Task[None]]] = []
+
+        async def drain(call: Any) -> None:
+            try:
+                async for _ in call:
+                    pass
+            except (grpc.aio.AioRpcError, asyncio.CancelledError):
+                pass
+
+        def open_stream(k: int) -> tuple[Any, asyncio.Task[None]]:
+            call = stub.StreamIsActive(ref(k % args.fleets))
+            return call, asyncio.create_task(drain(call))
+
+        streams = [open_stream(k) for k in range(args.streams)]
+
+        async def one_call() -> None:
+            fleet = random.randrange(args.fleets)
+            key = (fleet, epoch)
+            into = latencies if key in warm else first_calls
+            start = time.perf_counter()
+            try:
+                await stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref(fleet), metricName="llm_composite"),
+                                      timeout=2.0)  # fmt: skip
+                warm.add(key)
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code().name
+                errors[code] = errors.get(code, 0) + 1
+            into.append(time.perf_counter() - start)
+
+        next_churn = time.monotonic() + args.churn_s
+        next_sample = time.monotonic() + 10.0
+        cpu_before = _cpu_s(proc.pid)
+        started = time.monotonic()
+        pending: set[asyncio.Task[None]] = set()
+        interval = 1.0 / args.rps
+        tick = time.monotonic()
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            task = asyncio.create_task(one_call())
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            now = time.monotonic()
+            if now >= next_churn:
+                epoch += 1
+                next_churn += args.churn_s
+                for k in random.sample(range(len(streams)), len(streams) // 3):  # cancellations, then reopen
+                    call, t = streams[k]
+                    call.cancel()
+                    t.cancel()
+                    streams[k] = open_stream(k)
+            if now >= next_sample:
+                next_sample += 10.0
+                rss, fds = _proc_stats(proc.pid)
+                cpu_now = _cpu_s(proc.pid)
+                cpu, cpu_before = (cpu_now - cpu_before) / 10.0, cpu_now
+                lines = await asyncio.to_thread(_metrics_lines, metrics_port)
+                window, latencies[:] = list(latencies), []
+                firsts, first_calls[:] = list(first_calls), []
+                sample = {
+                    "t_s": round(now - started),
+                    "rss_mb": round(rss, 1),
+                    "scaler_cpu": round(cpu, 2),  # cores the scaler process used over the window
+                    "fds": fds,
+                    "metrics_lines": lines,
+                    "rpcs": len(window),
+                    "p50_ms": None if not window else round(1000 * (_quantile(window, 0.5) or 0), 1),
+                    "p99_ms": None if not window else round(1000 * (_quantile(window, 0.99) or 0), 1),
+                    "first_calls": len(firsts),
+                    "first_p99_ms": None if not firsts else round(1000 * (_quantile(firsts, 0.99) or 0), 1),
+                    "errors": dict(errors),
+                }
+                errors.clear()
+                samples.append(sample)
+                print(json.dumps(sample), file=sys.stderr, flush=True)
+            tick += interval
+            await asyncio.sleep(max(0.0, tick - time.monotonic()))
+        await asyncio.gather(*pending, return_exceptions=True)
+        for call, t in streams:
+            call.cancel()
+            t.cancel()
+    died = proc.poll() is not None
+    return {"config": vars(args), "died": died, "exit_code": proc.returncode, "samples": samples}
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = result["samples"]
+    t = [x["t_s"] / 60 for x in s]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex=True)
+    series = [
+        ("RSS (MB)", [x["rss_mb"] for x in s]),
+        ("open fds", [x["fds"] for x in s]),
+        ("/metrics samples", [x["metrics_lines"] for x in s]),
+        ("GetMetrics p99 (ms), targets with a snapshot", [x["p99_ms"] for x in s]),
+    ]
+    for ax, (label, values) in zip(axes.flat, series, strict=True):
+        ax.plot(t, values, marker="o", ms=3)
+        ax.set_title(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    for ax in axes[1]:
+        ax.set_xlabel("minutes")
+    c = result["config"]
+    fig.suptitle(
+        f"soak: {c['rps']} RPC/s, {c['replicas']} replicas in {c['fleets']} churning fleets "
+        f"(every {c['churn_s']:g} s), {c['streams']} streams"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--rps", type=float, default=200.0)
+    parser.add_argument("--replicas", type=int, default=500)
+    parser.add_argument("--fleets", type=int, default=20)
+    parser.add_argument("--streams", type=int, default=300)
+    parser.add_argument("--churn-s", type=float, default=30.0)
+    parser.add_argument("--out", default="soak-output")
+    args = parser.parse_args()
+    started = Started(args)
+    try:
+        result = asyncio.run(soak(args, started))
+    finally:
+        started.stop()
+    (started.out_dir / "soak.json").write_text(json.dumps(result, indent=1))
+    plot(result, started.out_dir / "soak.png")
+    s = result["samples"]
+    summary = {
+        "died": result["died"],
+        "samples": len(s),
+        "rss_mb": [s[0]["rss_mb"], s[-1]["rss_mb"]] if s else None,
+        "fds": [s[0]["fds"], s[-1]["fds"]] if s else None,
+        "metrics_lines": [s[0]["metrics_lines"], s[-1]["metrics_lines"]] if s else None,
+        "p99_ms_max": max((x["p99_ms"] or 0) for x in s) if s else None,
+    }
+    print(json.dumps(summary))
+    return 1 if result["died"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
