@@ -22,6 +22,7 @@ import json
 import multiprocessing
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -148,6 +149,7 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
     first_calls: list[float] = []  # calls on new metadata before its first answer: wait up to warmupWait
     warm: set[tuple[int, int]] = set()
     errors: dict[str, int] = {}
+    details: dict[str, str] = {}  # one message per error code and window
     samples: list[dict[str, Any]] = []
     deadline = time.monotonic() + 60.0 * args.minutes
     async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
@@ -185,12 +187,14 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
             except grpc.aio.AioRpcError as exc:
                 code = exc.code().name
                 errors[code] = errors.get(code, 0) + 1
+                details.setdefault(code, (exc.details() or "")[:160])
             into.append(time.perf_counter() - start)
 
         next_churn = time.monotonic() + args.churn_s
         next_sample = time.monotonic() + 10.0
         cpu_before = _cpu_s(proc.pid)
-        started = time.monotonic()
+        load_before = _cpu_s(os.getpid()) + _cpu_s(started.replicas.pid or 0)
+        t0 = time.monotonic()
         pending: set[asyncio.Task[None]] = set()
         interval = 1.0 / args.rps
         tick = time.monotonic()
@@ -214,13 +218,16 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
                 rss, fds = _proc_stats(proc.pid)
                 cpu_now = _cpu_s(proc.pid)
                 cpu, cpu_before = (cpu_now - cpu_before) / 10.0, cpu_now
+                load_now = _cpu_s(os.getpid()) + _cpu_s(started.replicas.pid or 0)
+                load_cpu, load_before = (load_now - load_before) / 10.0, load_now
                 lines = await asyncio.to_thread(_metrics_lines, metrics_port)
                 window, latencies[:] = list(latencies), []
                 firsts, first_calls[:] = list(first_calls), []
                 sample = {
-                    "t_s": round(now - started),
+                    "t_s": round(now - t0),
                     "rss_mb": round(rss, 1),
                     "scaler_cpu": round(cpu, 2),  # cores the scaler process used over the window
+                    "harness_cpu": round(load_cpu, 2),  # cores the load generator and the replicas used
                     "fds": fds,
                     "metrics_lines": lines,
                     "rpcs": len(window),
@@ -229,8 +236,10 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
                     "first_calls": len(firsts),
                     "first_p99_ms": None if not firsts else round(1000 * (_quantile(firsts, 0.99) or 0), 1),
                     "errors": dict(errors),
+                    "error_examples": dict(details),
                 }
                 errors.clear()
+                details.clear()
                 samples.append(sample)
                 print(json.dumps(sample), file=sys.stderr, flush=True)
             tick += interval
@@ -285,6 +294,7 @@ def main() -> int:
     parser.add_argument("--churn-s", type=float, default=30.0)
     parser.add_argument("--out", default="soak-output")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the scaler too
     started = Started(args)
     try:
         result = asyncio.run(soak(args, started))

@@ -55,6 +55,18 @@ def _bind(ref: pb.ScaledObjectRef) -> None:
     structlog.contextvars.bind_contextvars(scaledobject=f"{ref.namespace}/{ref.name}")
 
 
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, message: str) -> None:
+    """``context.abort``, for a call whose client may already be gone (its deadline passed while the call
+    waited): sending the status then fails inside gRPC, and a second abort would be a usage error. Such
+    a call ends as cancelled: nobody is left to answer."""
+    try:
+        await context.abort(code, message)
+    except grpc.aio.AbortError:
+        raise
+    except Exception:
+        raise asyncio.CancelledError from None
+
+
 def _unary(method: str) -> Callable[[Handler[R]], Handler[R]]:
     def decorate(fn: Handler[R]) -> Handler[R]:
         @functools.wraps(fn)
@@ -65,12 +77,12 @@ def _unary(method: str) -> Callable[[Handler[R]], Handler[R]]:
                 remaining = context.time_remaining()
                 if remaining is not None and remaining <= 0:
                     code = grpc.StatusCode.DEADLINE_EXCEEDED
-                    await context.abort(code, "deadline exceeded before the call was handled")
+                    await _abort(context, code, "deadline exceeded before the call was handled")
                 return await fn(self, request, context)
             except ScalerError as exc:
                 code = status_for(exc)
                 log.debug("rpc_error", method=method, code=code.name, error=str(exc))
-                await context.abort(code, str(exc))
+                await _abort(context, code, str(exc))
                 raise  # unreachable: abort raises
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
@@ -80,7 +92,7 @@ def _unary(method: str) -> Callable[[Handler[R]], Handler[R]]:
             except Exception:
                 code = grpc.StatusCode.INTERNAL
                 log.exception("rpc_crashed", method=method)
-                await context.abort(code, "internal error; see the scaler's logs")
+                await _abort(context, code, "internal error; see the scaler's logs")
                 raise
             finally:
                 self._metrics.rpc_duration.labels(method, code.name).observe(time.perf_counter() - start)
