@@ -49,6 +49,10 @@ class _TooLarge(Exception):
     pass
 
 
+class _PastDeadline(Exception):
+    pass
+
+
 class Scraper:
     def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES, max_concurrency: int = 64) -> None:
         self.max_bytes = max_bytes
@@ -73,8 +77,15 @@ class Scraper:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _fetch(self, url: str, timeout: float) -> bytes:
-        async with self._http.stream("GET", url, timeout=httpx.Timeout(timeout)) as resp:
+    async def _fetch(self, url: str, deadline: float) -> bytes:
+        """The body, by ``deadline`` (loop time). httpx's own timeouts (each at most the time left) end a
+        stalled connect or a silent server; a body dripping in under the read timeout is cut when the
+        deadline passes. Never by cancelling httpx mid-request: a request cancelled while connecting leaves
+        its connection in the pool as CONNECTING for good, and enough of those exhaust the pool (found by the
+        soak: every scrape then waits, with the CPU idle)."""
+        loop = asyncio.get_running_loop()
+        left = max(0.001, deadline - loop.time())
+        async with self._http.stream("GET", url, timeout=httpx.Timeout(left)) as resp:
             if resp.status_code != 200:
                 raise httpx.HTTPStatusError(f"HTTP {resp.status_code}", request=resp.request, response=resp)
             declared = resp.headers.get("content-length")
@@ -85,6 +96,8 @@ class Scraper:
                 size += len(chunk)
                 if size > self.max_bytes:
                     raise _TooLarge(f"body over {self.max_bytes} bytes")
+                if loop.time() > deadline:
+                    raise _PastDeadline
                 chunks.append(chunk)
             return b"".join(chunks)
 
@@ -114,21 +127,22 @@ class Scraper:
         inside the deadline."""
         start = time.perf_counter()
         body = b""
-        stage = "slot"
 
         def result(signals: ReplicaSignals | None, reason: str | None, detail: str = "") -> ScrapeResult:
             return ScrapeResult(url, signals, reason, detail, time.perf_counter() - start, len(body))
 
+        deadline = asyncio.get_running_loop().time() + timeout
+        slots = contextlib.AsyncExitStack()
         try:
-            async with asyncio.timeout(timeout):
-                async with contextlib.AsyncExitStack() as slots:
+            try:
+                # only the wait for a slot is cancelled at the deadline (safe: nothing is in flight yet)
+                async with asyncio.timeout(timeout):
                     for sem in (*limits, self._sem):
                         await slots.enter_async_context(sem)
-                    stage = "fetch"
-                    body = await self._fetch(url, timeout)
-        except TimeoutError:
-            if stage == "slot":
+            except TimeoutError:
                 return result(None, "throttled", f"no free scrape slot within {timeout:g}s (fleet or process limit)")
+            body = await self._fetch(url, deadline)
+        except _PastDeadline:
             return result(None, "timeout", f"no complete answer within {timeout:g}s")
         except httpx.HTTPStatusError as exc:
             return result(None, f"http_{exc.response.status_code}", str(exc))
@@ -142,6 +156,8 @@ class Scraper:
             return result(None, "connect_error", str(exc) or type(exc).__name__)
         except (httpx.HTTPError, OSError) as exc:
             return result(None, "http_error", f"{type(exc).__name__}: {exc}")
+        finally:
+            await slots.aclose()
         try:
             text = body.decode("utf-8", errors="replace")
             if len(body) > THREAD_PARSE_BYTES:
