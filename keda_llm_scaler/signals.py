@@ -18,10 +18,14 @@ class Histogram:
     sum: float
 
     def minus(self, earlier: Histogram) -> Histogram | None:
-        """Observations made since ``earlier``; None if the layouts differ or the counter reset."""
+        """Observations made since ``earlier``; None if the layouts differ or any counter reset. A bucket that
+        went down is a reset too, even when the total grew: one data-parallel engine restarting while the
+        others serve would otherwise give negative buckets and a quantile that means nothing."""
         if [le for le, _ in self.buckets] != [le for le, _ in earlier.buckets]:
             return None
-        if self.count < earlier.count:
+        if self.count < earlier.count or any(
+            c < e for (_, c), (_, e) in zip(self.buckets, earlier.buckets, strict=True)
+        ):
             return None
         return Histogram(
             tuple((le, c - e) for (le, c), (_, e) in zip(self.buckets, earlier.buckets, strict=True)),

@@ -62,3 +62,15 @@ def test_series_counter_finds_resets_per_series() -> None:
     assert c.observe({"engine=0": 1010.0, "engine=1": 10.0, "status=5xx": 2.0}) == 4022.0
     assert c.observe({"engine=0": 1011.0}) == 4023.0
     assert c.observe({"engine=0": 1011.0, "engine=1": 4.0}) == 4027.0
+
+
+def test_a_bucket_going_down_is_a_reset_even_when_the_total_grew() -> None:
+    from keda_llm_scaler.signals import Histogram
+
+    before = Histogram(((0.5, 100.0), (1.0, 150.0), (float("inf"), 200.0)), 200.0, 120.0)
+    # engine 1 restarted (its fast buckets went back to 0) while engine 0 served 60 slow requests
+    after = Histogram(((0.5, 80.0), (1.0, 140.0), (float("inf"), 210.0)), 210.0, 190.0)
+    assert after.minus(before) is None  # no reading this window, never negative buckets
+    grown = Histogram(((0.5, 110.0), (1.0, 170.0), (float("inf"), 230.0)), 230.0, 150.0)
+    delta = grown.minus(before)
+    assert delta is not None and delta.buckets == ((0.5, 10.0), (1.0, 20.0), (float("inf"), 30.0))
