@@ -18,6 +18,7 @@ from typing import Any, Final, Protocol
 
 import structlog
 
+from keda_llm_scaler.addresses import refusal
 from keda_llm_scaler.errors import BadMetadata, ScalerError
 from keda_llm_scaler.kube import Informer, KubeClient, KubeError, label_selector
 from keda_llm_scaler.membership import (
@@ -28,8 +29,9 @@ from keda_llm_scaler.membership import (
     Scrape,
     from_endpointslices,
     from_pods,
+    scrape_url,
 )
-from keda_llm_scaler.metadata import Discovery, check_address
+from keda_llm_scaler.metadata import Discovery
 
 __all__ = ["DNS_TIMEOUT_S", "DiscoveryError", "Membership", "Resolver", "make_resolver"]
 
@@ -48,17 +50,8 @@ class Resolver(Protocol):
     async def resolve(self) -> Membership: ...
 
 
-def _url(scheme: str, host: str, port: int, path: str) -> str:
-    host = f"[{host}]" if ":" in host else host
-    return f"{scheme}://{host}:{port}{path}"
-
-
 def _refused(address: str) -> bool:
-    try:
-        check_address(address, "address")
-    except BadMetadata:
-        return True
-    return False
+    return refusal(address) is not None
 
 
 def _ready(urls: list[str]) -> Membership:
@@ -106,7 +99,7 @@ class DnsResolver:
         refused = [a for a in addresses if _refused(a)]
         if refused:
             log.warning("discovery_address_refused", name=d.dns_name, addresses=refused)
-        return _ready([_url(d.scheme, a, d.port, d.metrics_path) for a in addresses if a not in refused])
+        return _ready([scrape_url(d.scheme, a, d.port, d.metrics_path) for a in addresses if a not in refused])
 
 
 async def _synced(informer: Informer, errors: list[str]) -> dict[str, dict[str, Any]]:

@@ -32,6 +32,8 @@ from typing import Any, Final
 
 import httpx
 
+from keda_llm_scaler.membership import pod_key
+
 __all__ = ["KubeClient", "KubeConfig", "KubeError", "label_selector"]
 
 SA_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -387,12 +389,7 @@ class KubeClient:
 
 
 def _object_key(obj: dict[str, Any]) -> str | None:
-    meta = obj.get("metadata") or {}
-    uid = meta.get("uid")
-    if isinstance(uid, str) and uid:
-        return uid
-    name = meta.get("name")
-    return f"{meta.get('namespace')}/{name}" if isinstance(name, str) and name else None
+    return pod_key(obj.get("metadata") or {})  # UID, else namespace/name: any object, not only pods
 
 
 class Informer:

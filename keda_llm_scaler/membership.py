@@ -34,6 +34,7 @@ __all__ = [
     "from_pods",
     "pod_key",
     "pod_phase",
+    "scrape_url",
 ]
 
 READY: Final = "ready"
@@ -169,7 +170,7 @@ def clean_startup(pod: Mapping[str, Any]) -> float | None:
     return ready_at - created
 
 
-def _url(scheme: str, host: str, port: int, path: str) -> str:
+def scrape_url(scheme: str, host: str, port: int, path: str) -> str:
     host = f"[{host}]" if ":" in host else host
     return f"{scheme}://{host}:{port}{path}"
 
@@ -277,7 +278,7 @@ def from_endpointslices(
             if refuse is not None and refuse(address):
                 refused.append(address)
                 continue
-            url = _url(scrape.scheme, address, port, scrape.path)
+            url = scrape_url(scrape.scheme, address, port, scrape.path)
         pod = pods.get(key)
         if pod is not None and not is_gone(pod):
             member = _member_from_pod(pod, key, now, budget_s, url)
@@ -325,6 +326,6 @@ def from_pods(
             if refuse is not None and refuse(ip):
                 refused.append(ip)
                 continue
-            url = _url(scrape.scheme, ip, scrape.port, scrape.path)
+            url = scrape_url(scrape.scheme, ip, scrape.port, scrape.path)
         members.append(_member_from_pod(pod, key, now, budget_s, url))
     return Membership(tuple(sorted(members, key=lambda m: m.key)), tuple(refused))

@@ -127,18 +127,9 @@ class Target:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._updated.wait(), timeout)
 
-    async def wait_update(self) -> None:
-        await self._updated.wait()
-
     def update_event(self) -> asyncio.Event:
         """The event the next publish sets (take it before reading ``snapshot`` to miss none)."""
         return self._updated
-
-    async def run_cycle(self) -> Snapshot:
-        """One cycle of this target's fleet now (tests and tools; the worker's loop does it on its own)."""
-        await self.worker.run_cycle()
-        assert self.snapshot is not None
-        return self.snapshot
 
     def publish(self, snap: Snapshot) -> Snapshot:
         self.snapshot = snap
