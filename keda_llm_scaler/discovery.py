@@ -9,13 +9,15 @@ is gone. Kubernetes discovery reads shared informers (list + watch), never a LIS
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import socket
 import time
 from dataclasses import replace
 from typing import Any, Final, Protocol
 
+import dns.asyncresolver
+import dns.exception
+import dns.nameserver
+import dns.resolver
 import structlog
 
 from keda_llm_scaler.addresses import refusal
@@ -37,7 +39,9 @@ __all__ = ["DNS_TIMEOUT_S", "DiscoveryError", "Membership", "Resolver", "make_re
 
 log = structlog.get_logger(__name__)
 
-DNS_TIMEOUT_S: Final = 5.0  # getaddrinfo has none of its own; a hung resolver must not hang the cycle
+DNS_TIMEOUT_S: Final = 5.0  # a lookup's whole budget, retries included: a hung resolver must not hang the cycle
+# (address, port) of the DNS servers for dnsName lookups; empty: /etc/resolv.conf's (tests use loopback ones)
+DNS_NAMESERVERS: list[tuple[str, int]] = []
 SYNC_WAIT_S: Final = 5.0  # the first resolve waits this long for an informer's first list
 STALE_WATCH_S: Final = 300.0  # a watch broken this long: the cached members are reported as an error
 
@@ -66,40 +70,72 @@ class StaticResolver:
         return _ready(self._urls)
 
 
-# getaddrinfo errors that mean "the name has no records": a headless Service with no ready pods.
-_NO_RECORDS = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
-
-
 class DnsResolver:
-    """All A/AAAA records of a headless Service name, one replica per address."""
+    """All A/AAAA records of a headless Service name, one replica per address.
 
-    def __init__(self, d: Discovery, timeout_s: float | None = None) -> None:
+    A name without records (NOERROR, no answer) is a fleet of zero. A name that does not exist
+    (NXDOMAIN) is an error — a typo in ``dnsName`` must never read as an idle fleet — unless it has
+    resolved before: cluster DNS answers NXDOMAIN for a headless Service with no ready pods (the
+    Kubernetes DNS specification), so a name that had records and lost them is a fleet scaled to zero.
+    """
+
+    def __init__(
+        self, d: Discovery, timeout_s: float | None = None, nameservers: list[tuple[str, int]] | None = None
+    ) -> None:
         self._d = d
         self._timeout_s = timeout_s
-        # getaddrinfo runs in a worker thread and cannot be cancelled: while one lookup hangs, later
-        # cycles wait on it instead of starting another, so a dead resolver holds one thread, not all
-        self._lookup: asyncio.Future[Any] | None = None
+        self._nameservers = nameservers if nameservers is not None else DNS_NAMESERVERS
+        self._resolver: dns.asyncresolver.Resolver | None = None
+        self._has_resolved = False  # an answer with records was seen: NXDOMAIN now means "no ready pods"
+
+    def _client(self) -> dns.asyncresolver.Resolver:
+        if self._resolver is None:
+            try:
+                resolver = dns.asyncresolver.Resolver(configure=not self._nameservers)
+            except dns.resolver.NoResolverConfiguration as exc:
+                raise DiscoveryError(f"DNS lookup of {self._d.dns_name}: no resolver configured ({exc})") from None
+            if self._nameservers:
+                resolver.nameservers = [dns.nameserver.Do53Nameserver(a, port) for a, port in self._nameservers]
+            self._resolver = resolver
+        return self._resolver
 
     async def resolve(self) -> Membership:
         d = self._d
         timeout_s = DNS_TIMEOUT_S if self._timeout_s is None else self._timeout_s
-        if self._lookup is None or self._lookup.done():
-            loop = asyncio.get_running_loop()
-            self._lookup = asyncio.ensure_future(loop.getaddrinfo(d.dns_name, d.port, type=socket.SOCK_STREAM))
-        lookup = self._lookup
-        try:
-            infos = await asyncio.wait_for(asyncio.shield(lookup), timeout_s)
-        except TimeoutError:
-            raise DiscoveryError(f"DNS lookup of {d.dns_name} timed out after {timeout_s:g} s") from None
-        except socket.gaierror as exc:
-            if exc.errno in _NO_RECORDS:
+        if _is_ip(d.dns_name):
+            addresses = [d.dns_name]
+        else:
+            try:
+                answers = await self._client().resolve_name(d.dns_name, search=True, lifetime=timeout_s)
+            except dns.resolver.NXDOMAIN:
+                if self._has_resolved:
+                    return Membership()
+                raise DiscoveryError(
+                    f"dnsName {d.dns_name} does not exist (NXDOMAIN) and has not resolved since this target "
+                    "started; a headless Service with no ready pods also reads so: use `service` discovery "
+                    "to tell a missing Service from an empty one"
+                ) from None
+            except dns.resolver.NoAnswer:
+                self._has_resolved = True
                 return Membership()
-            raise DiscoveryError(f"DNS lookup of {d.dns_name} failed: {exc.strerror}") from exc
-        addresses = sorted({str(ipaddress.ip_address(str(info[4][0]).split("%")[0])) for info in infos})
+            except dns.resolver.LifetimeTimeout:
+                raise DiscoveryError(f"DNS lookup of {d.dns_name} timed out after {timeout_s:g} s") from None
+            except dns.exception.DNSException as exc:  # SERVFAIL from every server, no servers, bad answers
+                raise DiscoveryError(f"DNS lookup of {d.dns_name} failed: {exc}") from None
+            self._has_resolved = True
+            addresses = sorted({str(ipaddress.ip_address(a)) for a in answers.addresses()})
         refused = [a for a in addresses if _refused(a)]
         if refused:
             log.warning("discovery_address_refused", name=d.dns_name, addresses=refused)
         return _ready([scrape_url(d.scheme, a, d.port, d.metrics_path) for a in addresses if a not in refused])
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 async def _synced(informer: Informer, errors: list[str]) -> dict[str, dict[str, Any]]:

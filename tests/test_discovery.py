@@ -4,16 +4,17 @@ end to end through the gRPC API."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
 from keda_llm_scaler.discovery import DiscoveryError, DnsResolver
-from keda_llm_scaler.metadata import parse_trigger
+from keda_llm_scaler.metadata import Discovery, parse_trigger
 from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
+from tests.dnsserver import DnsServer, Zone
 from tests.payloads import EngineLoad, vllm_v1
 from tests.replicas import Replica, unused_port
 from tests.scalerproc import channel_to, running_scaler
@@ -31,19 +32,93 @@ FAST = {"scrapeInterval": "0.5", "scrapeTimeout": "0.4", "staleAfter": "1.5"}
 AT_TARGET = vllm_v1([EngineLoad(0, 30, 0.85)])
 
 
-async def test_dns_resolves_every_address() -> None:
-    cfg = parse_trigger("serving", "llm", {"dnsName": "localhost", "port": "8123"})
-    urls = (await DnsResolver(cfg.discovery).resolve()).urls
-    assert "http://127.0.0.1:8123/metrics" in urls
-    assert urls == sorted(set(urls))
-
-
-async def test_dns_name_without_records_is_an_empty_fleet_not_an_error() -> None:
-    cfg = parse_trigger("serving", "llm", {"dnsName": "no-such-service.invalid"})
+async def unavailable_because(keda: KedaEmulator, reason: str) -> bool:
+    """True once the GetMetrics answer is UNAVAILABLE for ``reason``; a value is a failure."""
     try:
-        assert (await DnsResolver(cfg.discovery).resolve()).urls == []
-    except DiscoveryError as exc:  # a resolver with no upstream answers "try again", which is not "no records"
-        assert "failed" in str(exc)
+        observed = await keda.poll()
+    except grpc.aio.AioRpcError as exc:
+        return exc.code() == grpc.StatusCode.UNAVAILABLE and reason in (exc.details() or "")
+    raise AssertionError(f"answered {observed.value} instead of UNAVAILABLE ({reason})")
+
+
+@pytest.fixture
+async def dns_server() -> AsyncIterator[DnsServer]:
+    async with DnsServer(Zone()) as server:
+        yield server
+
+
+def dns_trigger(name: str, port: int = 8123) -> Discovery:
+    return parse_trigger("serving", "llm", {"dnsName": name, "port": str(port)}).discovery
+
+
+async def test_dns_resolves_every_address(dns_server: DnsServer) -> None:
+    dns_server.zone.records["vllm.serving.svc.cluster.local"] = ["10.1.0.3", "10.1.0.2", "10.1.0.2", "fd00::5"]
+    resolver = DnsResolver(dns_trigger("vllm.serving.svc.cluster.local"), nameservers=dns_server.nameservers)
+    urls = (await resolver.resolve()).urls
+    assert urls == ["http://10.1.0.2:8123/metrics", "http://10.1.0.3:8123/metrics", "http://[fd00::5]:8123/metrics"]
+
+
+async def test_dns_name_without_records_is_an_empty_fleet_not_an_error(dns_server: DnsServer) -> None:
+    dns_server.zone.records["empty.serving.svc.cluster.local"] = []  # the name exists: NOERROR, no answer
+    resolver = DnsResolver(dns_trigger("empty.serving.svc.cluster.local"), nameservers=dns_server.nameservers)
+    assert (await resolver.resolve()).urls == []
+
+
+async def test_a_dns_name_that_does_not_exist_is_an_error_not_an_empty_fleet(dns_server: DnsServer) -> None:
+    # a typo in dnsName used to read as an idle fleet: with minReplicaCount 0, production scaled to zero
+    resolver = DnsResolver(dns_trigger("vllm-typo.serving.svc.cluster.local"), nameservers=dns_server.nameservers)
+    with pytest.raises(DiscoveryError, match=r"vllm-typo\.serving\.svc\.cluster\.local does not exist \(NXDOMAIN\)"):
+        await resolver.resolve()
+    with pytest.raises(DiscoveryError, match="NXDOMAIN"):  # every cycle, not only the first
+        await resolver.resolve()
+
+
+async def test_a_name_that_resolved_then_lost_its_records_is_a_fleet_of_zero(dns_server: DnsServer) -> None:
+    # cluster DNS answers NXDOMAIN for a headless Service with no ready pods (Kubernetes DNS spec)
+    name = "vllm.serving.svc.cluster.local"
+    dns_server.zone.records[name] = ["10.1.0.2"]
+    resolver = DnsResolver(dns_trigger(name), nameservers=dns_server.nameservers)
+    assert len((await resolver.resolve()).urls) == 1
+    del dns_server.zone.records[name]
+    assert (await resolver.resolve()).urls == []
+
+
+async def test_a_dns_server_that_never_answers_times_out_within_the_budget(dns_server: DnsServer) -> None:
+    dns_server.zone.hang.add("hung.serving.svc.cluster.local")
+    resolver = DnsResolver(
+        dns_trigger("hung.serving.svc.cluster.local"), timeout_s=0.5, nameservers=dns_server.nameservers
+    )
+    lookup = asyncio.ensure_future(resolver.resolve())
+    # generous: the lookup's own lifetime is 0.5 s; the point is that it ends, with a reason
+    done, _ = await asyncio.wait({lookup}, timeout=10.0)
+    assert done, "a DNS lookup with no answer never ended"
+    with pytest.raises(DiscoveryError, match=r"timed out after 0\.5 s"):
+        lookup.result()
+
+
+async def test_dns_discovery_end_to_end_never_reads_a_typo_as_zero(
+    dns_server: DnsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("keda_llm_scaler.discovery.DNS_NAMESERVERS", dns_server.nameservers)
+    port = unused_port()
+    started = [Replica(AT_TARGET, host=f"127.0.0.{i}", port=port) for i in (2, 3)]
+    dns_server.zone.records["vllm.serving.svc.cluster.local"] = ["127.0.0.2", "127.0.0.3"]
+    try:
+        async with running_scaler() as scaler, channel_to(scaler) as ch:
+            meta = {"port": str(port), **FAST}
+            good = KedaEmulator(ch, "good", "serving", {"dnsName": "vllm.serving.svc.cluster.local", **meta})
+            typo = KedaEmulator(ch, "typo", "serving", {"dnsName": "vlm.serving.svc.cluster.local", **meta})
+            await eventually(lambda: value_is(good, 2.0), timeout=15.0)
+            await eventually(lambda: unavailable_because(typo, "NXDOMAIN"), timeout=15.0)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await typo.stub.IsActive(typo.ref)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # never "false": no scale to zero on a typo
+            # the good fleet's pods all go unready: cluster DNS now says NXDOMAIN, and that is zero
+            del dns_server.zone.records["vllm.serving.svc.cluster.local"]
+            await eventually(lambda: value_is(good, 0.0), timeout=15.0)
+    finally:
+        for r in started:
+            r.close()
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
-import threading
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -21,6 +19,7 @@ from keda_llm_scaler.kube import Informer, KubeClient, KubeConfig
 from keda_llm_scaler.membership import FAILED_TO_START, PENDING, READY, STARTING
 from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
+from tests.dnsserver import DnsServer, Zone
 from tests.payloads import EngineLoad, vllm_v1
 from tests.replicas import Replica, replicas, unused_port
 from tests.scalerproc import channel_to, running_scaler
@@ -262,18 +261,9 @@ async def test_two_triggers_on_one_fleet_scrape_it_once_per_interval() -> None:
 
 
 async def test_a_hung_dns_lookup_does_not_delay_another_target(monkeypatch: pytest.MonkeyPatch) -> None:
-    release = threading.Event()
-    real = socket.getaddrinfo
-
-    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
-        if host == "hung.dns.test":
-            release.wait(60)  # a resolver that never answers: the libc call blocks its thread
-            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
-        return real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    monkeypatch.setattr("keda_llm_scaler.discovery.DNS_TIMEOUT_S", 1.0)
-    try:
+    async with DnsServer(Zone(hang={"hung.dns.test"})) as dns_server:  # a DNS server that never answers
+        monkeypatch.setattr("keda_llm_scaler.discovery.DNS_NAMESERVERS", dns_server.nameservers)
+        monkeypatch.setattr("keda_llm_scaler.discovery.DNS_TIMEOUT_S", 1.0)
         with replicas(AT_TARGET) as (r,):
             async with running_scaler() as scaler, channel_to(scaler) as ch:
                 hung = KedaEmulator(ch, "hung", "serving", {"dnsName": "hung.dns.test", **FAST})
@@ -287,8 +277,6 @@ async def test_a_hung_dns_lookup_does_not_delay_another_target(monkeypatch: pyte
                 assert healthy.snapshot is not None and healthy.snapshot.cycle - first >= 2  # kept its pace
                 stuck = next(t for t in scaler.registry.targets() if t.cfg.name == "hung")
                 assert stuck.snapshot is not None and "timed out after 1 s" in (stuck.snapshot.discovery_error or "")
-    finally:
-        release.set()
 
 
 async def test_more_open_watches_than_the_get_pool_has_connections(
