@@ -7,6 +7,8 @@ are all 169.254.169.254 to the C library, and a host name can resolve anywhere, 
 
 * ``normalize_host`` turns every spelling the resolver accepts into one canonical form (IDNA, then the
   ``inet_aton`` numeric forms as dotted IPv4), and ``refusal`` says why an address or name is refused;
+* ``AddressPolicy`` adds what the operator refuses on top (``--refuse-networks``, e.g. ``loopback``: the
+  scaler's own pod) or confines scrapes to (``--allow-networks``, e.g. the pod CIDR), process-wide;
 * ``GuardedBackend`` is the network backend of the scrape client: it resolves the host itself, drops
   refused addresses and connects to a checked one, so what was checked is what is connected to (no
   time-of-check/time-of-use gap through a DNS answer that changes).
@@ -22,7 +24,18 @@ from typing import Final
 
 import httpcore
 
-__all__ = ["REFUSED_NAMES", "GuardedBackend", "RefusedAddress", "normalize_host", "redact", "refusal"]
+__all__ = [
+    "NETWORK_ALIASES",
+    "REFUSED_NAMES",
+    "AddressPolicy",
+    "GuardedBackend",
+    "RefusedAddress",
+    "normalize_host",
+    "parse_networks",
+    "redact",
+    "refusal",
+    "set_policy",
+]
 
 # Names of metadata services that answer on link-local addresses (and some that resolve elsewhere).
 REFUSED_NAMES: Final = frozenset(
@@ -41,6 +54,58 @@ _LINK_LOCAL_V4: Final = ipaddress.ip_network("169.254.0.0/16")
 _LINK_LOCAL_V6: Final = ipaddress.ip_network("fe80::/10")
 _AWS_IMDS_V6: Final = ipaddress.ip_network("fd00:ec2::/32")
 _NUMERIC: Final = frozenset("0123456789abcdefx.")
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# Names accepted by --refuse-networks / --allow-networks besides CIDRs.
+NETWORK_ALIASES: Final[dict[str, tuple[str, ...]]] = {
+    "loopback": ("127.0.0.0/8", "::1/128"),
+    # RFC 1918, shared address space (RFC 6598, carrier NAT and some clusters' pod ranges), unique local v6
+    "private": ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"),
+}
+
+
+def parse_networks(raw: str, flag: str) -> tuple[Network, ...]:
+    """Comma-separated CIDRs or aliases (``loopback``, ``private``); ValueError naming ``flag``."""
+    networks: list[Network] = []
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        for cidr in NETWORK_ALIASES.get(item.lower(), (item,)):
+            try:
+                networks.append(ipaddress.ip_network(cidr, strict=False))
+            except ValueError:
+                raise ValueError(
+                    f"{flag} {item!r}: accepted: comma-separated CIDRs (10.244.0.0/16, fd00::/8) or "
+                    f"{' | '.join(NETWORK_ALIASES)}"
+                ) from None
+    return tuple(networks)
+
+
+class AddressPolicy:
+    """What the operator refuses beyond the fixed rules, or confines scraping to."""
+
+    def __init__(self, refuse: tuple[Network, ...] = (), allow: tuple[Network, ...] = ()) -> None:
+        self.refuse = refuse
+        self.allow = allow
+
+    def refusal(self, ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+        for net in self.refuse:
+            if ip.version == net.version and ip in net:
+                return f"{ip} is in refused network {net} (--refuse-networks)"
+        if self.allow and not any(ip.version == net.version and ip in net for net in self.allow):
+            return f"{ip} is outside --allow-networks"
+        return None
+
+
+_policy = AddressPolicy()
+
+
+def set_policy(policy: AddressPolicy) -> AddressPolicy:
+    """Install the process-wide policy (``serve`` does, from its flags); returns the previous one."""
+    global _policy
+    previous, _policy = _policy, policy
+    return previous
 
 
 class RefusedAddress(httpcore.ConnectError):
@@ -95,7 +160,7 @@ def refusal(host_or_ip: str) -> str | None:
         return f"link-local address {ip}"
     if ip.is_multicast or ip.is_unspecified:
         return f"{ip} is not a unicast host"
-    return None
+    return _policy.refusal(ip)
 
 
 class GuardedBackend(httpcore.AsyncNetworkBackend):
@@ -135,9 +200,11 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         if why is not None:
             raise RefusedAddress(f"refused: {why}")
         addresses = await self._addresses(host, port, timeout)
-        allowed = [a for a in addresses if refusal(a) is None]
+        reasons = {a: refusal(a) for a in addresses}
+        allowed = [a for a, why in reasons.items() if why is None]
         if not allowed:
-            raise RefusedAddress(f"refused: {normalize_host(host)} resolves only to refused addresses")
+            first = next(iter(reasons.values()), None)
+            raise RefusedAddress(f"refused: {normalize_host(host)} resolves only to refused addresses ({first})")
         error: Exception | None = None
         for address in allowed:
             try:

@@ -12,7 +12,17 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["ENV_PREFIX", "SETTINGS_HELP", "Settings", "add_serve_arguments", "describe", "settings_from"]
+from keda_llm_scaler.addresses import AddressPolicy, parse_networks
+
+__all__ = [
+    "ENV_PREFIX",
+    "SETTINGS_HELP",
+    "Settings",
+    "add_serve_arguments",
+    "address_policy",
+    "describe",
+    "settings_from",
+]
 
 ENV_PREFIX: Final = "LLM_SCALER_"
 
@@ -43,6 +53,8 @@ class Settings:
     target_idle_ttl: float = 600.0
     max_targets: int = 1000
     allow_cross_namespace: bool = False
+    refuse_networks: str = ""
+    allow_networks: str = ""
     warmup_wait: float = 0.5
     max_scrape_bytes: int = 8 * 1024 * 1024
     max_concurrent_scrapes: int = 64
@@ -74,6 +86,8 @@ class Settings:
         for name, value, low in checks:
             if not (math.isfinite(value) and value >= low):
                 raise ValueError(f"--{name.replace('_', '-')} {value!r}: accepted: a number >= {low:g}")
+        parse_networks(self.refuse_networks, "--refuse-networks")
+        parse_networks(self.allow_networks, "--allow-networks")
         if not _valid_host(self.host):
             raise ValueError(f"--host {self.host!r}: accepted: an IP address or a host name")
 
@@ -105,6 +119,9 @@ SETTINGS_HELP: Final[dict[str, str]] = {
     "target_idle_ttl": "seconds without a KEDA call before a target stops being scraped",
     "max_targets": "most targets (ScaledObject fleets) served at once",
     "allow_cross_namespace": "let a ScaledObject discover a Service in another namespace",
+    "refuse_networks": "never scrape these: comma-separated CIDRs or loopback | private (link-local and "
+    "metadata addresses are always refused)",
+    "allow_networks": "scrape only inside these (e.g. the pod CIDR): comma-separated CIDRs or loopback | private",
     "warmup_wait": "seconds a new target's first call may wait for its first scrape",
     "max_scrape_bytes": "largest /metrics body read from a replica",
     "max_concurrent_scrapes": "replica scrapes in flight at once, all targets together",
@@ -175,6 +192,13 @@ def _check_pem(settings: Settings) -> None:
             raise ValueError(f"{flag} {path}: {exc.strerror or exc}") from None
         if "-----BEGIN " not in text or marker not in text:
             raise ValueError(f"{flag} {path}: not a PEM file with a {marker.lower()}")
+
+
+def address_policy(settings: Settings) -> AddressPolicy:
+    return AddressPolicy(
+        refuse=parse_networks(settings.refuse_networks, "--refuse-networks"),
+        allow=parse_networks(settings.allow_networks, "--allow-networks"),
+    )
 
 
 def describe(settings: Settings) -> dict[str, str]:

@@ -17,7 +17,8 @@ from prometheus_client import start_http_server
 
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
-from keda_llm_scaler.config import Settings, describe
+from keda_llm_scaler.addresses import set_policy
+from keda_llm_scaler.config import Settings, address_policy, describe
 from keda_llm_scaler.kube import KubeClient, KubeConfig
 from keda_llm_scaler.registry import TargetRegistry
 from keda_llm_scaler.scrape import Scraper
@@ -95,6 +96,7 @@ class ScalerServer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.shutdown_event = asyncio.Event()
+        self._previous_policy = set_policy(address_policy(settings))  # process-wide: every scrape checks it
         self.scraper = Scraper(max_bytes=settings.max_scrape_bytes, max_concurrency=settings.max_concurrent_scrapes)
         self.metrics = ScalerMetrics(lambda: self.registry.targets())
         self.registry = TargetRegistry(
@@ -197,6 +199,7 @@ class ScalerServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.registry.aclose()
+        set_policy(self._previous_policy)
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()

@@ -4,12 +4,13 @@ to when the scrape connects, and errors do not leak addresses or query strings."
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
 
-from keda_llm_scaler.addresses import normalize_host, redact, refusal
+from keda_llm_scaler.addresses import AddressPolicy, normalize_host, parse_networks, redact, refusal, set_policy
 from keda_llm_scaler.errors import BadMetadata
 from keda_llm_scaler.metadata import parse_trigger
 from keda_llm_scaler.scrape import Scraper
@@ -94,3 +95,67 @@ async def test_unavailable_answers_name_reasons_not_addresses() -> None:
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "127.0.0.1" not in details and secret not in details
     assert "3 connect_error" in details, details
+
+
+LOOPBACK_SPELLINGS = ["127.0.0.1", "127.1", "2130706433", "0x7f000001", "0177.0.0.1", "127.8.9.10", "[::1]",
+                      "[::ffff:127.0.0.1]"]  # fmt: skip
+
+
+@pytest.fixture
+def refuse_loopback() -> Iterator[None]:
+    previous = set_policy(AddressPolicy(refuse=parse_networks("loopback", "--refuse-networks")))
+    yield
+    set_policy(previous)
+
+
+@pytest.mark.parametrize("host", LOOPBACK_SPELLINGS)
+def test_refused_networks_cover_every_spelling(host: str, refuse_loopback: None) -> None:
+    why = refusal(host)
+    assert why is not None and "--refuse-networks" in why
+    with pytest.raises(BadMetadata) as err:
+        parse_trigger("serving", "llm", {"endpoints": f"http://{host}:8000/metrics"})
+    assert err.value.key == "endpoints"
+
+
+def test_without_the_flag_loopback_is_allowed_and_the_allow_list_confines() -> None:
+    assert all(refusal(h) is None for h in LOOPBACK_SPELLINGS)  # the laptop demo scrapes loopback
+    previous = set_policy(AddressPolicy(allow=parse_networks("10.244.0.0/16, fd00:10:244::/56", "--allow-networks")))
+    try:
+        assert refusal("10.244.3.7") is None and refusal("fd00:10:244::5") is None
+        assert "outside --allow-networks" in (refusal("10.96.0.1") or "")  # a ClusterIP, not a pod
+        assert "outside --allow-networks" in (refusal("2130706433") or "")
+    finally:
+        set_policy(previous)
+
+
+def test_network_aliases_and_bad_networks() -> None:
+    private = parse_networks("private", "--refuse-networks")
+    assert {str(n) for n in private} >= {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"}
+    assert parse_networks(" , ", "--refuse-networks") == ()
+    for bad in ("10.0.0.0/33", "pods", "10.0.0.0/8;rm"):
+        with pytest.raises(ValueError, match="--refuse-networks"):
+            parse_networks(bad, "--refuse-networks")
+
+
+async def test_a_name_resolving_into_a_refused_network_is_never_connected(refuse_loopback: None) -> None:
+    # metadata can only check literals; "localhost" passes it and is refused where the scrape connects
+    with replicas(vllm_v1([EngineLoad(1, 2, 0.3)])) as (r,):
+        s = Scraper()
+        try:
+            res = await s.scrape(f"http://localhost:{r.port}/metrics", timeout=2, engine="auto", model=None)
+        finally:
+            await s.aclose()
+        assert res.reason == "refused_address" and "--refuse-networks" in res.detail
+        assert r.requests == 0
+
+
+async def test_serve_with_refused_loopback_answers_invalid_argument_naming_the_key() -> None:
+    with replicas(vllm_v1([EngineLoad(1, 2, 0.3)])) as (r,):
+        async with running_scaler(refuse_networks="loopback") as scaler, channel_to(scaler) as ch:
+            keda = KedaEmulator(ch, "llm", "serving", {"endpoints": r.url})
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await keda.poll()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "endpoints" in (err.value.details() or "")
+        assert r.requests == 0
+    assert refusal("127.0.0.1") is None  # the policy is the server's: it ends with it

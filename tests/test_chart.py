@@ -4,6 +4,7 @@ metadata parser."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from keda_llm_scaler import __version__
+from keda_llm_scaler.config import address_policy, settings_from
 from keda_llm_scaler.metadata import parse_trigger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,6 +114,19 @@ def test_deployment_is_hardened_and_probed() -> None:
     svc = by_kind(render(), "Service")[0]
     assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"grpc": "grpc", "metrics": "metrics"}
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+
+
+def test_the_chart_refuses_loopback_and_its_network_values_parse_as_serve_reads_them() -> None:
+    def env_of(values: dict[str, Any] | None = None) -> dict[str, str]:
+        (c,) = by_kind(render(values), "Deployment")[0]["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e["value"] for e in c["env"] if "value" in e}
+
+    env = env_of()
+    assert env["LLM_SCALER_REFUSE_NETWORKS"] == "loopback" and env["LLM_SCALER_ALLOW_NETWORKS"] == ""
+    env = env_of({"scaler": {"refuseNetworks": ["loopback", "10.96.0.0/12"], "allowNetworks": ["private"]}})
+    settings = settings_from(argparse.Namespace(), {k: v for k, v in env.items() if "NETWORKS" in k})
+    policy = address_policy(settings)
+    assert "10.96.0.0/12" in {str(n) for n in policy.refuse} and policy.allow
 
 
 def test_tls_from_a_secret() -> None:

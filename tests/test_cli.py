@@ -107,6 +107,8 @@ def test_python_dash_m_and_help() -> None:
         ([], {"LLM_SCALER_TARGET_IDLE_TTL": "0"}, "--target-idle-ttl"),
         (["--tls-cert", "{junk}", "--tls-key", "{junk}"], {}, "--tls-cert"),
         (["--grpc-port", "70000"], {}, "--grpc-port"),
+        (["--refuse-networks", "loopback,10.0.0.0/33"], {}, "--refuse-networks"),
+        ([], {"LLM_SCALER_ALLOW_NETWORKS": "pods"}, "--allow-networks"),
     ],
 )
 def test_every_bad_setting_is_one_line_naming_it(
