@@ -15,7 +15,7 @@ from typing import Final
 from keda_llm_scaler.demand import DemandConfig, DemandEstimate, DemandTracker, ReplicaCounters
 from keda_llm_scaler.errors import NoFreshData
 from keda_llm_scaler.policy import Composite, ReplicaInput, ScoringParams, composite
-from keda_llm_scaler.rates import DEFAULT_WINDOW_S, CounterWindow, HistogramWindow, SeriesCounter
+from keda_llm_scaler.rates import DEFAULT_WINDOW_S, CounterWindow, HistogramWindow, SeriesCounter, SeriesHistogram
 from keda_llm_scaler.signals import Histogram, ReplicaSignals, histogram_quantile
 
 __all__ = [
@@ -90,6 +90,7 @@ class _ReplicaState:
     ttft: HistogramWindow = field(init=False)
     queue_time: HistogramWindow = field(init=False)
     counters: dict[str, SeriesCounter] = field(default_factory=dict)
+    histograms: dict[str, SeriesHistogram] = field(default_factory=dict)
     totals: dict[str, float | None] = field(default_factory=dict)  # this scrape's, resets per series
 
     def __post_init__(self) -> None:
@@ -118,7 +119,12 @@ class _ReplicaState:
                 value = self.counters.setdefault(name, SeriesCounter()).observe(series)
             self.totals[name] = value
             window.observe(now, value)
-        for hwindow, hist in ((self.ttft, s.ttft), (self.queue_time, s.queue_time)):
+        for name, hwindow, hist, hseries in (
+            ("ttft", self.ttft, s.ttft, s.ttft_series),
+            ("queue_time", self.queue_time, s.queue_time, s.queue_time_series),
+        ):
+            if hseries:  # resets per series: one engine restarting keeps the pod's reading
+                hist = self.histograms.setdefault(name, SeriesHistogram()).observe(dict(hseries))
             if hist is not None:
                 hwindow.observe(now, hist)
 

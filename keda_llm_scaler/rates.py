@@ -13,7 +13,7 @@ from typing import Final
 
 from keda_llm_scaler.signals import Histogram, histogram_quantile
 
-__all__ = ["DEFAULT_WINDOW_S", "CounterWindow", "HistogramWindow", "SeriesCounter"]
+__all__ = ["DEFAULT_WINDOW_S", "CounterWindow", "HistogramWindow", "SeriesCounter", "SeriesHistogram"]
 
 DEFAULT_WINDOW_S: Final = 30.0
 
@@ -78,6 +78,46 @@ class SeriesCounter:
                 increase += value - prev
         self._last = dict(series)
         self.total += increase
+        return self.total
+
+
+class SeriesHistogram:
+    """A histogram summed over its series with resets found per series, like ``SeriesCounter``: the
+    total is cumulative and only grows, each series adding what it observed since the last scrape (a
+    series that reset adds its new counts, a new series all of its counts). On a data-parallel pod one
+    engine restarting then costs nothing: the pod's TTFT keeps its reading (read on the sum, a bucket
+    going down voids the whole window). Series with another bucket layout than the first are left out
+    until the layout is the same again."""
+
+    __slots__ = ("_last", "total")
+
+    def __init__(self) -> None:
+        self.total: Histogram | None = None
+        self._last: dict[str, Histogram] = {}
+
+    def observe(self, series: dict[str, Histogram]) -> Histogram | None:
+        if self.total is None:
+            self.total = Histogram.merge(list(series.values()))
+            self._last = dict(series) if self.total is not None else {}
+            return self.total
+        layout = [le for le, _ in self.total.buckets]
+        if series and all([le for le, _ in h.buckets] != layout for h in series.values()):
+            self.total = None  # every series changed its buckets (an engine upgrade): start over
+            return self.observe(series)
+        buckets = [c for _, c in self.total.buckets]
+        count, total_sum = self.total.count, self.total.sum
+        for key, hist in series.items():
+            if [le for le, _ in hist.buckets] != layout:
+                continue
+            prev = self._last.get(key)
+            increase = hist.minus(prev) if prev is not None else None
+            if increase is None:  # new since the last scrape, or reset: all of it is new
+                increase = hist
+            for i, (_, c) in enumerate(increase.buckets):
+                buckets[i] += c
+            count, total_sum = count + increase.count, total_sum + increase.sum
+        self._last = dict(series)
+        self.total = Histogram(tuple(zip(layout, buckets, strict=True)), count, total_sum)
         return self.total
 
 

@@ -114,6 +114,9 @@ class ReplicaSignals:
     # "admitted": resets are detected per series (one data-parallel engine restarting resets only its
     # own), not on the pod's sum (``keda_llm_scaler.rates.SeriesCounter``).
     counter_series: tuple[tuple[str, str, float], ...] = ()
+    # Each series of the histograms, (series key, histogram), for the same reason.
+    ttft_series: tuple[tuple[str, Histogram], ...] = ()
+    queue_time_series: tuple[tuple[str, Histogram], ...] = ()
 
     @classmethod
     def from_engines(cls, engine: str, engines: Sequence[EngineSignals], **extra: object) -> ReplicaSignals:

@@ -51,6 +51,7 @@ def vllm_v1(
     success: float = 0.0,
     preemptions: float = 0.0,
     ttft_observations: Sequence[float] = (),
+    ttft_per_engine: Sequence[Sequence[float]] = (),  # each engine's own observations, added to the above
     kv_names: Sequence[str] = ("vllm:kv_cache_usage_perc",),
 ) -> str:
     reg = CollectorRegistry()
@@ -85,7 +86,7 @@ def vllm_v1(
         pre.labels(model, rank).inc(preemptions / len(engines))
         ok.labels(model, rank, "stop").inc(success / len(engines))
         ok.labels(model, rank, "abort")
-        for obs in ttft_observations:
+        for obs in (*ttft_observations, *(ttft_per_engine[i] if i < len(ttft_per_engine) else ())):
             ttft.labels(model, rank).observe(obs)
             queue.labels(model, rank).observe(obs / 2)
     http = Counter(

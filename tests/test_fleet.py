@@ -34,6 +34,47 @@ def test_an_expired_replica_keeps_no_rates() -> None:
     assert gone.composite is not None and gone.composite.reject == 0.0 and gone.composite.expired == 1
 
 
+def test_one_data_parallel_engine_restarting_keeps_the_pods_ttft_reading() -> None:
+    # before: the histogram was diffed on the pod's sum; engine 1's reset sent buckets down and the pod
+    # had no TTFT quantile that window (the SLO guardrail went blind exactly when an engine restarted)
+    from keda_llm_scaler.engines import read_replica
+    from tests.payloads import EngineLoad, vllm_v1
+
+    def payload(engine0: list[float], engine1: list[float]) -> ReplicaSignals:
+        return read_replica(
+            vllm_v1([EngineLoad(0, 10, 0.3), EngineLoad(1, 10, 0.3)], ttft_per_engine=[engine0, engine1])
+        )
+
+    fast = [0.05] * 100
+    fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=2.0)
+    fleet.update(0.0, [Observation("pod", payload(fast, fast))])
+    # engine 0 serves 10 slow first tokens; engine 1 restarts (its 100 are gone) and serves 2 slow ones
+    fleet.update(2.0, [Observation("pod", payload([*fast, *[3.0] * 10], [3.0] * 2))])
+    snap = fleet.evaluate(2.0)
+    assert snap.ttft_p95_s is not None, "one engine's reset blinded the pod's TTFT"
+    assert 2.5 <= snap.ttft_p95_s <= 5.0  # the 12 new observations, all slow, and nothing older
+    more = [0.05] * 200
+    fleet.update(4.0, [Observation("pod", payload([*fast, *[3.0] * 10, *more], [3.0] * 2 + more))])
+    snap = fleet.evaluate(4.0)
+    assert snap.ttft_p95_s is not None and snap.ttft_p95_s < 0.5  # the window: 400 fast, the same 12 slow
+
+
+def test_series_histogram_sums_increases_per_series() -> None:
+    from keda_llm_scaler.rates import SeriesHistogram
+    from keda_llm_scaler.signals import Histogram
+
+    def h(fast: float, total: float) -> Histogram:
+        return Histogram(((0.5, fast), (float("inf"), total)), total, total)
+
+    acc = SeriesHistogram()
+    assert acc.observe({"e0": h(10, 20), "e1": h(5, 5)}) == h(15, 25)
+    # e1 reset to (1, 2): adds 2 observations; e0 grew by (2, 3); a new series e2 adds all of it
+    got = acc.observe({"e0": h(12, 23), "e1": h(1, 2), "e2": h(1, 1)})
+    assert got == h(15 + 2 + 1 + 1, 25 + 3 + 2 + 1)
+    other = Histogram(((1.0, 1), (float("inf"), 1)), 1, 1)
+    assert acc.observe({"e0": other}) == other  # every series changed layout: start over
+
+
 def test_one_data_parallel_engine_restarting_is_not_a_burst_of_rejects() -> None:
     # before: resets were found on the pod's sum, and one engine restarting read as 103.5 rejects/s
     from keda_llm_scaler.engines import read_replica

@@ -127,22 +127,56 @@ def counter_sum(series: Sequence[Sample]) -> float | None:
     return sum(values) if values else None
 
 
+def histogram_series(samples: Samples, family: str, keep: Callable[[Sample], bool]) -> dict[str, Histogram]:
+    """Each kept series of a histogram (labels other than ``le``: engine, priority …) on its own, so that
+    a reset is found per series, as for counters. Series without a ``+Inf`` bucket are incomplete and left
+    out."""
+    # bucket lines are most of the wanted lines: group them by their label tuple (an exposition writes a
+    # series' labels in one order), convert each distinct bound once, build the text keys per series only
+    buckets: dict[tuple[tuple[str, str], ...], dict[float, float]] = {}
+    bounds: dict[str, float] = {}
+    for s in samples.get(f"{family}_bucket", ()):
+        if "le" not in s.labels or not keep(s):
+            continue
+        labels = s.labels.copy()
+        raw = labels.pop("le")
+        le = bounds.get(raw)
+        if le is None:
+            try:
+                le = float(raw)
+            except ValueError:
+                le = math.nan
+            if math.isnan(le):
+                raise InvalidSignal(f"{family}_bucket", raw, "an `le` bound that is a number or +Inf")
+            bounds[raw] = le
+        by_le = buckets.setdefault(tuple(labels.items()), {})
+        by_le[le] = by_le.get(le, 0.0) + s.value
+    counts = {_series_key(s.labels): s.value for s in samples.get(f"{family}_count", ()) if keep(s)}
+    sums = {_series_key(s.labels): s.value for s in samples.get(f"{family}_sum", ()) if keep(s)}
+    series: dict[str, Histogram] = {}
+    for items, by_le in buckets.items():
+        if not math.isinf(max(by_le)):
+            continue
+        key = _series_key(dict(items))  # (the parser refuses a series written twice, in any label order)
+        series[key] = Histogram(tuple(sorted(by_le.items())), counts.get(key, 0.0), sums.get(key, 0.0))
+    return series
+
+
 def histogram(samples: Samples, family: str, keep: Callable[[Sample], bool]) -> Histogram | None:
     """All kept series of a histogram summed by bucket bound (engines, priorities and so on)."""
-    by_le: dict[float, float] = {}
-    for s in samples.get(f"{family}_bucket", ()):
-        if keep(s) and "le" in s.labels:
-            try:
-                le = float(s.labels["le"])
-            except ValueError:
-                raise InvalidSignal(
-                    f"{family}_bucket", s.labels["le"], "an `le` bound that is a number or +Inf"
-                ) from None
-            if math.isnan(le):
-                raise InvalidSignal(f"{family}_bucket", s.labels["le"], "an `le` bound that is a number or +Inf")
-            by_le[le] = by_le.get(le, 0.0) + s.value
-    if not by_le or not math.isinf(max(by_le)):
-        return None
-    count = sum(s.value for s in samples.get(f"{family}_count", ()) if keep(s))
-    total = sum(s.value for s in samples.get(f"{family}_sum", ()) if keep(s))
-    return Histogram(tuple(sorted(by_le.items())), count, total)
+    return Histogram.merge(list(histogram_series(samples, family, keep).values()))
+
+
+def histograms(samples: Samples, families: Mapping[str, str], keep: Callable[[Sample], bool]) -> dict[str, object]:
+    """``ReplicaSignals`` fields for each histogram: ``<field>`` (the series summed) and
+    ``<field>_series`` (each series, for per-series resets)."""
+    fields: dict[str, object] = {}
+    for field_name, family in families.items():
+        series = histogram_series(samples, family, keep)
+        fields[field_name] = Histogram.merge(list(series.values()))
+        fields[f"{field_name}_series"] = tuple(sorted(series.items()))
+    return fields
+
+
+def _series_key(labels: Mapping[str, str], skip: str = "") -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != skip)

@@ -11,8 +11,8 @@ from keda_llm_scaler.engines.base import (
     counter_parts,
     counter_sum,
     gauge_by_group,
-    histogram,
     histogram_names,
+    histograms,
 )
 from keda_llm_scaler.promtext import Sample, SampleNames
 from keda_llm_scaler.signals import ReplicaSignals
@@ -60,6 +60,5 @@ class SglangAdapter:
             rejects_total=None,
             admitted_total=counter_sum(finished),
             counter_series=(*counter_parts("preemptions", retractions), *counter_parts("admitted", finished)),
-            ttft=histogram(samples, TTFT, flt.keep),
-            queue_time=histogram(samples, QUEUE_TIME, flt.keep),
+            **histograms(samples, {"ttft": TTFT, "queue_time": QUEUE_TIME}, flt.keep),
         )

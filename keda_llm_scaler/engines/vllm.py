@@ -11,8 +11,8 @@ from keda_llm_scaler.engines.base import (
     counter_parts,
     counter_sum,
     gauge_by_group,
-    histogram,
     histogram_names,
+    histograms,
 )
 from keda_llm_scaler.errors import MissingSignal
 from keda_llm_scaler.promtext import Sample, SampleNames
@@ -86,6 +86,5 @@ class VllmAdapter:
                 *counter_parts("rejects", reject_series),
                 *counter_parts("admitted", success),
             ),
-            ttft=histogram(samples, TTFT, flt.keep),
-            queue_time=histogram(samples, QUEUE_TIME, flt.keep),
+            **histograms(samples, {"ttft": TTFT, "queue_time": QUEUE_TIME}, flt.keep),
         )
