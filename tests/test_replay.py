@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -108,13 +109,30 @@ def test_composite_beats_the_cpu_policy_and_static_undersizing(short_trace: Path
     assert results["static"]["slo_attainment"] < results["composite"]["slo_attainment"]
 
 
-def test_a_one_hour_trace_replays_in_under_a_minute() -> None:
+def _interpreter_unit_s() -> float:
+    """A fixed amount of plain interpreter work, timed now: the yardstick of this machine at this moment
+    (best of three, so a burst of noise does not make the budget easy)."""
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        x = 0
+        for i in range(2_000_000):
+            x += i & 7
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def test_a_one_hour_trace_replays_in_about_a_minute() -> None:
+    # Measured on the 2-core CI machine: the hour takes ~210 units (23 s; a unit is ~0.11 s there), so
+    # 600 units (~66 s there) leaves room for noise while a 3x slowdown of the simulator still fails.
     trace = scale_rate(load_trace(BUNDLED_TRACE), 12)  # ~232k requests, peak > 8 replicas of 70B/4xH100
+    before = _interpreter_unit_s()
     start = time.perf_counter()
     summary = simulate(trace, RunConfig(policy="composite", knob=0.15, hpa_behavior="llm")).summary
     elapsed = time.perf_counter() - start
+    unit = min(before, _interpreter_unit_s())
     assert summary["max_replicas"] >= 8
-    assert elapsed < 60, f"{elapsed:.1f}s"
+    assert elapsed < 600 * unit, f"{elapsed:.1f} s = {elapsed / unit:.0f} units of {unit * 1e3:.0f} ms"
 
 
 def test_sweep_writes_pareto_and_table(short_trace: Path, tmp_path: Path) -> None:

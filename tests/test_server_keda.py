@@ -269,6 +269,7 @@ async def test_c13_unreachable_fleet_is_unavailable_quickly_never_zero(channel: 
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await keda.hpa()
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    # before the adapter's own 3 s deadline (hpa() uses it): KEDA sees UNAVAILABLE, not a timeout
     assert time.perf_counter() - start < 3.0
 
 
@@ -291,7 +292,7 @@ async def test_c14_deadlines(channel: grpc.aio.Channel) -> None:
         keda = KedaEmulator(channel, "llm", "serving", meta(r.url))
         await keda.poll()
         obs = await keda.hpa()
-        assert obs.elapsed_s < 1.0
+        assert obs.elapsed_s < 1.0  # warm: answered from memory; generous (the scrape interval is 0.5 s)
     # A brand-new target whose replica hangs, called with a 50 ms deadline: a prompt non-OK answer.
     hung = Replica(AT_TARGET)
     try:
@@ -303,7 +304,7 @@ async def test_c14_deadlines(channel: grpc.aio.Channel) -> None:
                 pb.GetMetricsRequest(scaledObjectRef=keda.ref, metricName="llm_composite"), timeout=0.05
             )
         assert err.value.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
-        assert time.perf_counter() - start < 0.5
+        assert time.perf_counter() - start < 0.5  # 10x the deadline: not held for the 5 s hang
     finally:
         hung.close()
 
