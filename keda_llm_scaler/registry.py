@@ -14,6 +14,7 @@ import structlog
 from keda_llm_scaler.discovery import make_resolver
 from keda_llm_scaler.errors import BadMetadata, ScalerError
 from keda_llm_scaler.kube import KubeClient
+from keda_llm_scaler.loops import ScrapeLoop
 from keda_llm_scaler.metadata import TriggerConfig, metadata_hints, parse_trigger
 from keda_llm_scaler.scrape import Scraper
 from keda_llm_scaler.target import FleetWorker, ScrapeObserver, Target
@@ -45,8 +46,11 @@ class TargetRegistry:
         max_targets: int = 1000,
         allow_cross_namespace: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        scrape_loop: ScrapeLoop | None = None,
     ) -> None:
         self._scraper = scraper
+        # where fleets scrape (a thread of its own in `serve`); the scraper and the Kubernetes client live there
+        self._scrape_loop = scrape_loop or ScrapeLoop(threaded=False)
         self._kube = kube
         self._observer = observer
         self.idle_ttl_s = idle_ttl_s
@@ -91,7 +95,9 @@ class TargetRegistry:
             worker = self._fleets.get(cfg.fleet_key)
             if worker is None:
                 resolver = make_resolver(cfg.discovery, self._kube, cfg.name)
-                worker = FleetWorker(cfg, resolver, self._scraper, self._observer, clock=self._clock)
+                worker = FleetWorker(
+                    cfg, resolver, self._scraper, self._observer, clock=self._clock, scrape_loop=self._scrape_loop
+                )
                 self._fleets[cfg.fleet_key] = worker
             target = Target(cfg, worker, clock=self._clock)
             self._targets[cfg.key] = target
@@ -162,6 +168,6 @@ class TargetRegistry:
         self._targets.clear()
         self._fleets.clear()
         with contextlib.suppress(Exception):
-            await self._scraper.aclose()
+            await self._scrape_loop.run(self._scraper.aclose())
         if self._kube is not None:
-            await self._kube.aclose()
+            await self._scrape_loop.run(self._kube.aclose())

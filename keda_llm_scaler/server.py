@@ -20,6 +20,7 @@ from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_llm_scaler.addresses import set_policy
 from keda_llm_scaler.config import Settings, address_policy, describe
 from keda_llm_scaler.kube import KubeClient, KubeConfig
+from keda_llm_scaler.loops import ScrapeLoop
 from keda_llm_scaler.registry import TargetRegistry
 from keda_llm_scaler.scrape import Scraper
 from keda_llm_scaler.service import ExternalScalerService
@@ -99,6 +100,7 @@ class ScalerServer:
         self._previous_policy = set_policy(address_policy(settings))  # process-wide: every scrape checks it
         self.scraper = Scraper(max_bytes=settings.max_scrape_bytes, max_concurrency=settings.max_concurrent_scrapes)
         self.metrics = ScalerMetrics(lambda: self.registry.targets())
+        self.scrape_loop = ScrapeLoop(threaded=True)  # scrape work off the loop that answers KEDA
         self.registry = TargetRegistry(
             self.scraper,
             kube=_kube_client(settings),
@@ -106,6 +108,7 @@ class ScalerServer:
             idle_ttl_s=settings.target_idle_ttl,
             max_targets=settings.max_targets,
             allow_cross_namespace=settings.allow_cross_namespace,
+            scrape_loop=self.scrape_loop,
         )
         self.health = health.aio.HealthServicer()
         self.grpc = grpc.aio.server(options=_GRPC_OPTIONS)
@@ -153,6 +156,7 @@ class ScalerServer:
             )
         for name in HEALTH_SERVICES:
             await self.health.set(name, _SERVING)
+        self.scrape_loop.start()  # before the first RPC can create a fleet
         await self.grpc.start()
         self._http, _ = start_http_server(
             self.settings.metrics_port, addr=self.settings.host, registry=self.metrics.registry
@@ -199,6 +203,7 @@ class ScalerServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.registry.aclose()
+        await self.scrape_loop.aclose()
         set_policy(self._previous_policy)
         if self._http is not None:
             self._http.shutdown()

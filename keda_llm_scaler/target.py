@@ -25,6 +25,7 @@ from keda_llm_scaler.addresses import redact
 from keda_llm_scaler.discovery import DiscoveryError, Resolver
 from keda_llm_scaler.errors import NoFreshData
 from keda_llm_scaler.fleet import EXPIRED, FRESH, REPLICA_STATES, STALE, Evaluation, FleetState, Observation
+from keda_llm_scaler.loops import ScrapeLoop, Spawned
 from keda_llm_scaler.membership import FAILED_TO_START, PENDING, Membership
 from keda_llm_scaler.metadata import TriggerConfig
 from keda_llm_scaler.policy import Composite
@@ -84,6 +85,11 @@ class Target:
         self.prev_used = -math.inf
         self.holders = 0  # open streams keep a target from eviction
         self._updated = asyncio.Event()
+        # the loop RPCs run on: snapshots published from the scrape loop's thread are handed over to it
+        try:
+            self._owner: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._owner = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -132,6 +138,16 @@ class Target:
         return self._updated
 
     def publish(self, snap: Snapshot) -> Snapshot:
+        """Make ``snap`` the current answer, from any thread: on the RPC loop's thread it is applied at
+        once, from the scrape loop's it is handed over (asyncio events are not thread-safe)."""
+        owner = self._owner
+        if owner is None or owner.is_closed() or _running_loop() is owner:
+            self._apply(snap)
+        else:
+            owner.call_soon_threadsafe(self._apply, snap)
+        return snap
+
+    def _apply(self, snap: Snapshot) -> None:
         self.snapshot = snap
         event, self._updated = self._updated, asyncio.Event()
         event.set()
@@ -145,7 +161,13 @@ class Target:
             stale=snap.count(STALE),
             expired=snap.count(EXPIRED),
         )
-        return snap
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class FleetWorker:
@@ -158,6 +180,7 @@ class FleetWorker:
         scraper: Scraper,
         observer: ScrapeObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        scrape_loop: ScrapeLoop | None = None,
     ) -> None:
         self.cfg = cfg  # the first trigger's: discovery, engine, model, interval and timeout are shared
         self.key = cfg.fleet_key
@@ -175,13 +198,14 @@ class FleetWorker:
         # this fleet's share of the scrape slots, then its namespace's (per tenant)
         self._limits = (scraper.fleet_limit(), scraper.namespace_limit(cfg.namespace))
         self.scrapes = 0  # replica scrapes made (one per ready replica per cycle, whatever the views)
-        self._task: asyncio.Task[None] | None = None
+        self._scrape_loop = scrape_loop or ScrapeLoop(threaded=False)
+        self._task: Spawned[asyncio.Task[None]] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def attach(self, view: Target) -> None:
         self.views[view.cfg.key] = view
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"fleet-{self.cfg.label}-{self.id}")
+            self._task = self._scrape_loop.spawn(self._run(), name=f"fleet-{self.cfg.label}-{self.id}")
 
     async def detach(self, view: Target) -> None:
         self.views.pop(view.cfg.key, None)
@@ -189,11 +213,9 @@ class FleetWorker:
             await self.stop()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            await self._scrape_loop.cancel(task)
 
     # -- the loop --------------------------------------------------------------------------------
     async def _run(self) -> None:
