@@ -1,10 +1,17 @@
 """Fetch and read one replica's /metrics. A failure is data (ScrapeResult.reason), never an exception.
 
-One pooled httpx client for the whole process. Every scrape has a hard deadline covering the wait for
-a concurrency slot (the fleet's own, then the process-wide one), connect, headers and body, so neither a
-replica that drips bytes slowly nor a fleet of hung replicas can hold a cycle past ``scrapeTimeout`` or
-take every slot from other fleets. Bodies are capped in size while streaming; large ones are parsed in a
-worker thread, so a multi-megabyte payload does not stall the event loop that answers KEDA.
+Each replica (origin) has its own small httpcore connection pool, so its keep-alive connection is reused
+cycle after cycle and a request never walks the other replicas' connections. One shared httpx pool did
+both wrong at fleet scale: with more replicas than pooled connections nothing was ever reused (a TCP
+connect per scrape), and httpcore scans every pooled connection on each request and each release —
+38 % of the scaler's CPU at 1,000 replicas (issue #11's profile). httpcore is httpx's own transport
+layer: the same connection, TLS and timeout code, without a client's per-request model.
+
+Every scrape has a hard deadline covering the wait for a concurrency slot (the fleet's, the namespace's,
+then the process-wide one), connect, headers and body, so neither a replica that drips bytes slowly nor a
+fleet of hung replicas can hold a cycle past ``scrapeTimeout`` or take every slot from other fleets.
+Bodies are capped in size while streaming; large ones are parsed in a worker thread, so a
+multi-megabyte payload does not stall the scrape loop.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import httpcore
-import httpx
+import httpx  # only for its TLS defaults (certifi), as the scrape client had them before
 
 from keda_llm_scaler.addresses import GuardedBackend
 from keda_llm_scaler.engines import read_replica
@@ -33,6 +40,9 @@ PER_FLEET_CONCURRENCY: Final = 16  # at most this many of one fleet's scrapes in
 PER_FLEET_SHARE: Final = 0.25  # ...and at most this share of the process-wide slots (16 of the default 64)
 PER_NAMESPACE_SHARE: Final = 0.5  # all fleets of one namespace (tenant) together: half the process's slots
 THREAD_PARSE_BYTES: Final = 64 * 1024  # above this a parse takes milliseconds: do it off the event loop
+KEEPALIVE_S: Final = 120.0  # longer than the longest scrapeInterval (60 s): one connection lives across cycles
+ORIGIN_IDLE_S: Final = 300.0  # a replica not scraped for this long (churned away) loses its pool
+_REQUEST_HEADERS: Final = [(b"User-Agent", USER_AGENT.encode()), (b"Accept", b"text/plain;version=0.0.4")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,46 +63,89 @@ class _PastDeadline(Exception):
     pass
 
 
+class _HttpStatus(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
 class Scraper:
-    def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES, max_concurrency: int = 64) -> None:
+    def __init__(
+        self, *, max_bytes: int = DEFAULT_MAX_BYTES, max_concurrency: int = 64, keepalive_budget: int = 4096
+    ) -> None:
         self.max_bytes = max_bytes
         self.max_concurrency = max_concurrency
+        # open keep-alive connections allowed in all (one per replica); past it, connections close after
+        # each scrape, so a huge fleet cannot exhaust the process's file descriptors
+        self.keepalive_budget = keepalive_budget
         self._namespaces: dict[str, asyncio.Semaphore] = {}
         self._sem = asyncio.Semaphore(max_concurrency)
-        transport = httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
-        )
         # every connection goes through the address guard: resolve, check, connect to what was checked
-        pool = transport._pool
-        if not isinstance(pool, httpcore.AsyncConnectionPool) or not hasattr(pool, "_network_backend"):
-            raise RuntimeError("httpx/httpcore changed: the scrape client cannot install its address guard")
-        pool._network_backend = GuardedBackend()
-        self._http = httpx.AsyncClient(
-            headers={"User-Agent": USER_AGENT, "Accept": "text/plain;version=0.0.4"},
-            follow_redirects=False,  # a redirect could point the scaler anywhere
-            transport=transport,
-            trust_env=False,  # never route replica scrapes through an environment proxy
-        )
+        self._backend = GuardedBackend()
+        self._ssl = httpx.create_ssl_context()
+        self._origins: dict[tuple[bytes, bytes, int], httpcore.AsyncConnectionPool] = {}
+        self._used: dict[tuple[bytes, bytes, int], float] = {}
+        self._kept_alive = 0
+        self._last_sweep = 0.0
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        pools, self._origins = list(self._origins.values()), {}
+        self._used.clear()
+        self._kept_alive = 0
+        await asyncio.gather(*(p.aclose() for p in pools), return_exceptions=True)
+
+    def _pool(self, url: httpcore.URL, now: float) -> httpcore.AsyncConnectionPool:
+        origin = (url.scheme, url.host, url.port or (443 if url.scheme == b"https" else 80))
+        pool = self._origins.get(origin)
+        if pool is None:
+            keep = self._kept_alive < self.keepalive_budget
+            self._kept_alive += keep
+            pool = self._origins[origin] = httpcore.AsyncConnectionPool(
+                ssl_context=self._ssl,
+                max_connections=2,  # two fleets with other intervals may scrape one replica at once
+                max_keepalive_connections=1 if keep else 0,
+                keepalive_expiry=KEEPALIVE_S,
+                network_backend=self._backend,
+            )
+        self._used[origin] = now
+        if now - self._last_sweep > ORIGIN_IDLE_S / 10:
+            self._sweep(now)
+        return pool
+
+    def _sweep(self, now: float) -> None:
+        """Forget replicas not scraped for ORIGIN_IDLE_S (churned away): their pools close."""
+        self._last_sweep = now
+        for origin in [o for o, t in self._used.items() if now - t > ORIGIN_IDLE_S]:
+            pool = self._origins.pop(origin)
+            del self._used[origin]
+            if pool._max_keepalive_connections:
+                self._kept_alive -= 1
+            asyncio.get_running_loop().create_task(pool.aclose())
+
+    @property
+    def open_origins(self) -> int:
+        return len(self._origins)
 
     async def _fetch(self, url: str, deadline: float) -> bytes:
-        """The body, by ``deadline`` (loop time). httpx's own timeouts (each at most the time left) end a
+        """The body, by ``deadline`` (loop time). httpcore's own timeouts (each at most the time left) end a
         stalled connect or a silent server; a body dripping in under the read timeout is cut when the
-        deadline passes. Never by cancelling httpx mid-request: a request cancelled while connecting leaves
-        its connection in the pool as CONNECTING for good, and enough of those exhaust the pool (found by the
-        soak: every scrape then waits, with the CPU idle)."""
+        deadline passes. Never by cancelling a request mid-flight: a request cancelled while connecting
+        leaves its connection in the pool as CONNECTING for good, and enough of those exhaust the pool
+        (found by the soak: every scrape then waits, with the CPU idle)."""
         loop = asyncio.get_running_loop()
-        left = max(0.001, deadline - loop.time())
-        async with self._http.stream("GET", url, timeout=httpx.Timeout(left)) as resp:
-            if resp.status_code != 200:
-                raise httpx.HTTPStatusError(f"HTTP {resp.status_code}", request=resp.request, response=resp)
-            declared = resp.headers.get("content-length")
-            if declared and declared.isascii() and declared.isdigit() and int(declared) > self.max_bytes:
-                raise _TooLarge(f"Content-Length {declared} > {self.max_bytes}")
+        now = loop.time()
+        left = max(0.001, deadline - now)
+        target = httpcore.URL(url)
+        pool = self._pool(target, now)
+        timeouts = {"connect": left, "read": left, "write": left, "pool": left}
+        async with pool.stream("GET", target, headers=_REQUEST_HEADERS, extensions={"timeout": timeouts}) as resp:
+            if resp.status != 200:
+                raise _HttpStatus(resp.status)
+            for name, value in resp.headers:
+                if name.lower() == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                    raise _TooLarge(f"Content-Length {value.decode()} > {self.max_bytes}")
             chunks, size = [], 0
-            async for chunk in resp.aiter_bytes():
+            async for chunk in resp.aiter_stream():
                 size += len(chunk)
                 if size > self.max_bytes:
                     raise _TooLarge(f"body over {self.max_bytes} bytes")
@@ -144,17 +197,17 @@ class Scraper:
             body = await self._fetch(url, deadline)
         except _PastDeadline:
             return result(None, "timeout", f"no complete answer within {timeout:g}s")
-        except httpx.HTTPStatusError as exc:
-            return result(None, f"http_{exc.response.status_code}", str(exc))
+        except _HttpStatus as exc:
+            return result(None, f"http_{exc.status}", str(exc))
         except _TooLarge as exc:
             return result(None, "too_large", str(exc))
-        except httpx.TimeoutException:
+        except httpcore.TimeoutException:
             return result(None, "timeout", f"no complete answer within {timeout:g}s")
-        except (httpx.ConnectError, ConnectionError) as exc:
+        except (httpcore.ConnectError, ConnectionError) as exc:
             if str(exc).startswith("refused: "):  # the address guard (keda_llm_scaler.addresses)
                 return result(None, "refused_address", str(exc).removeprefix("refused: "))
             return result(None, "connect_error", str(exc) or type(exc).__name__)
-        except (httpx.HTTPError, OSError) as exc:
+        except (httpcore.ProtocolError, httpcore.NetworkError, httpcore.UnsupportedProtocol, OSError) as exc:
             return result(None, "http_error", f"{type(exc).__name__}: {exc}")
         finally:
             await slots.aclose()

@@ -93,12 +93,34 @@ class _TlsFiles:
         return config
 
 
+def _keepalive_budget(reserve: int = 1024) -> int:
+    """How many replica connections may stay open: the file-descriptor limit (raised to its hard limit,
+    as Prometheus asks of its hosts) less a reserve for gRPC clients, API watches, DNS and /metrics."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    if soft == resource.RLIM_INFINITY:
+        return 65536
+    return max(0, soft - reserve)
+
+
 class ScalerServer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.shutdown_event = asyncio.Event()
         self._previous_policy = set_policy(address_policy(settings))  # process-wide: every scrape checks it
-        self.scraper = Scraper(max_bytes=settings.max_scrape_bytes, max_concurrency=settings.max_concurrent_scrapes)
+        self.scraper = Scraper(
+            max_bytes=settings.max_scrape_bytes,
+            max_concurrency=settings.max_concurrent_scrapes,
+            keepalive_budget=_keepalive_budget(),
+        )
         self.metrics = ScalerMetrics(lambda: self.registry.targets())
         self.scrape_loop = ScrapeLoop(threaded=True)  # scrape work off the loop that answers KEDA
         self.registry = TargetRegistry(

@@ -23,6 +23,11 @@ class Behaviour:
 
 class _Handler(BaseHTTPRequestHandler):
     server: _ReplicaHTTPServer
+    protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's and SGLang's servers (uvicorn) do
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.replica.connections += 1
 
     def log_message(self, *args: object) -> None:  # keep test output clean
         pass
@@ -47,6 +52,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
         if not b.drip_s:
             self.send_header("Content-Length", str(len(body)))
+        else:  # no length: the end of the body is the end of the connection
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         try:
             if b.drip_s:
@@ -69,6 +77,7 @@ class Replica:
     def __init__(self, payload: str = "", host: str = "127.0.0.1", port: int = 0) -> None:
         self.behaviour = Behaviour(payload=payload)
         self.requests = 0
+        self.connections = 0  # TCP connections accepted
         self._server = _ReplicaHTTPServer((host, port), _Handler)
         self._server.replica = self
         self.host = host

@@ -139,3 +139,45 @@ async def test_garbage_gauges_fail_the_replica_with_a_reason(scraper: Scraper) -
     with replicas(inf_kv) as (r,):
         res = await scraper.scrape(r.url + "/metrics", timeout=2, engine="auto", model=None)
     assert res.signals is None and res.reason == "invalid_signal" and "kv_cache_usage_perc" in res.detail
+
+
+async def test_a_replica_is_scraped_over_one_kept_alive_connection() -> None:
+    # before: one shared pool with as many connections as scrape slots; with more replicas than that
+    # (here 3 replicas, 2 slots), every scrape opened a new TCP connection (issue #11: accepts = requests)
+    s = Scraper(max_concurrency=2)
+    try:
+        with replicas(GOOD, GOOD, GOOD) as fleet:
+            for _ in range(4):
+                results = await asyncio.gather(
+                    *(s.scrape(r.url + "/metrics", timeout=2.0, engine="auto", model=None) for r in fleet)
+                )
+                assert all(res.reason is None for res in results), [res.detail for res in results]
+            assert [r.requests for r in fleet] == [4, 4, 4]
+            assert [r.connections for r in fleet] == [1, 1, 1]
+    finally:
+        await s.aclose()
+
+
+async def test_a_failed_scrape_does_not_poison_the_replicas_connection(scraper: Scraper) -> None:
+    with replicas(GOOD) as (r,):
+        assert (await scraper.scrape(r.url + "/metrics", timeout=1.0, engine="auto", model=None)).reason is None
+        r.set(hang_up=True)
+        assert (await scraper.scrape(r.url + "/metrics", timeout=1.0, engine="auto", model=None)).reason is not None
+        r.set(hang_up=False, delay_s=2.0)  # times out mid-request: that connection must not be reused
+        assert (await scraper.scrape(r.url + "/metrics", timeout=0.5, engine="auto", model=None)).reason == "timeout"
+        r.set(delay_s=0.0)
+        res = await scraper.scrape(r.url + "/metrics", timeout=2.0, engine="auto", model=None)
+        assert res.reason is None and res.signals is not None
+
+
+async def test_keepalive_budget_bounds_open_connections() -> None:
+    s = Scraper(keepalive_budget=1)
+    try:
+        with replicas(GOOD, GOOD) as fleet:
+            for _ in range(3):
+                for r in fleet:
+                    assert (await s.scrape(r.url + "/metrics", timeout=2.0, engine="auto", model=None)).reason is None
+            # the first replica keeps its connection, the second (past the budget) reconnects each time
+            assert [r.connections for r in fleet] == [1, 3]
+    finally:
+        await s.aclose()
