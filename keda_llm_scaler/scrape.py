@@ -1,6 +1,6 @@
 """Fetch and read one replica's /metrics. A failure is data (ScrapeResult.reason), never an exception.
 
-Each replica (origin) has its own small httpcore connection pool, so its keep-alive connection is reused
+Each replica (scrape URL) has its own small httpcore connection pool, so its keep-alive connection is reused
 cycle after cycle and a request never walks the other replicas' connections. One shared httpx pool did
 both wrong at fleet scale: with more replicas than pooled connections nothing was ever reused (a TCP
 connect per scrape), and httpcore scans every pooled connection on each request and each release —
@@ -83,10 +83,11 @@ class Scraper:
         # every connection goes through the address guard: resolve, check, connect to what was checked
         self._backend = GuardedBackend()
         self._ssl = httpx.create_ssl_context()
-        self._origins: dict[tuple[bytes, bytes, int], httpcore.AsyncConnectionPool] = {}
-        self._used: dict[tuple[bytes, bytes, int], float] = {}
+        self._origins: dict[str, httpcore.AsyncConnectionPool] = {}
+        self._used: dict[str, float] = {}
         self._kept_alive = 0
         self._last_sweep = 0.0
+        self._closing: set[asyncio.Task[None]] = set()
 
     async def aclose(self) -> None:
         pools, self._origins = list(self._origins.values()), {}
@@ -94,8 +95,10 @@ class Scraper:
         self._kept_alive = 0
         await asyncio.gather(*(p.aclose() for p in pools), return_exceptions=True)
 
-    def _pool(self, url: httpcore.URL, now: float) -> httpcore.AsyncConnectionPool:
-        origin = (url.scheme, url.host, url.port or (443 if url.scheme == b"https" else 80))
+    def _pool(self, url: str, now: float) -> httpcore.AsyncConnectionPool:
+        # keyed by the scrape URL, not the origin: replicas behind one address on different paths (a
+        # gateway, a test fleet) each get a connection instead of queueing for one
+        origin = url
         pool = self._origins.get(origin)
         if pool is None:
             keep = self._kept_alive < self.keepalive_budget
@@ -120,7 +123,9 @@ class Scraper:
             del self._used[origin]
             if pool._max_keepalive_connections:
                 self._kept_alive -= 1
-            asyncio.get_running_loop().create_task(pool.aclose())
+            closing = asyncio.get_running_loop().create_task(pool.aclose())
+            self._closing.add(closing)  # the loop holds tasks weakly
+            closing.add_done_callback(self._closing.discard)
 
     @property
     def open_origins(self) -> int:
@@ -135,10 +140,9 @@ class Scraper:
         loop = asyncio.get_running_loop()
         now = loop.time()
         left = max(0.001, deadline - now)
-        target = httpcore.URL(url)
-        pool = self._pool(target, now)
+        pool = self._pool(url, now)
         timeouts = {"connect": left, "read": left, "write": left, "pool": left}
-        async with pool.stream("GET", target, headers=_REQUEST_HEADERS, extensions={"timeout": timeouts}) as resp:
+        async with pool.stream("GET", url, headers=_REQUEST_HEADERS, extensions={"timeout": timeouts}) as resp:
             if resp.status != 200:
                 raise _HttpStatus(resp.status)
             for name, value in resp.headers:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 from pathlib import Path
 from typing import Any, Final
@@ -233,9 +234,18 @@ class ScalerServer:
         log.info("scaler_stopped")
 
 
+# The cyclic collector stops every thread while it runs. In the soak (500 churned replicas, 200 RPC/s)
+# full collections came every ~6 s and took 100-220 ms: they were the RPC p99. Objects alive once the
+# server is up (modules, classes, functions: ~60k) are frozen out of every collection, and young
+# collections run every 50,000 allocations instead of 700, so full ones come about once a minute.
+GC_THRESHOLDS = (50_000, 20, 20)
+
+
 async def run(settings: Settings) -> None:
     server = ScalerServer(settings)
     await server.start()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
