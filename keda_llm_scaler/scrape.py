@@ -63,6 +63,10 @@ class _PastDeadline(Exception):
     pass
 
 
+# what a request sent on a connection the server had just closed fails with, before any answer
+_SENT_ON_A_CLOSED_CONNECTION: Final = (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError)
+
+
 class _HttpStatus(Exception):
     def __init__(self, status: int) -> None:
         super().__init__(f"HTTP {status}")
@@ -138,9 +142,22 @@ class Scraper:
         leaves its connection in the pool as CONNECTING for good, and enough of those exhaust the pool
         (found by the soak: every scrape then waits, with the CPU idle)."""
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        left = max(0.001, deadline - now)
-        pool = self._pool(url, now)
+        pool = self._pool(url, loop.time())
+        # A server may close a kept-alive connection just as the next scrape is sent on it (uvicorn, under
+        # vLLM and SGLang, closes idle ones after 5 s: a 5 s scrapeInterval meets that edge). Like Go's
+        # HTTP client does for idempotent requests, a GET that failed on a reused connection
+        # is sent once more, on a new connection, within the same deadline (a GET can be repeated).
+        reused = any(c.is_idle() for c in pool.connections)
+        try:
+            return await self._fetch_once(pool, url, deadline)
+        except _SENT_ON_A_CLOSED_CONNECTION:
+            if not reused or loop.time() >= deadline:
+                raise
+            return await self._fetch_once(pool, url, deadline)
+
+    async def _fetch_once(self, pool: httpcore.AsyncConnectionPool, url: str, deadline: float) -> bytes:
+        loop = asyncio.get_running_loop()
+        left = max(0.001, deadline - loop.time())
         timeouts = {"connect": left, "read": left, "write": left, "pool": left}
         async with pool.stream("GET", url, headers=_REQUEST_HEADERS, extensions={"timeout": timeouts}) as resp:
             if resp.status != 200:

@@ -202,8 +202,10 @@ class ScalerServer:
         """Ready unless every target is without fresh data: one broken fleet must not take the scaler
         (and with it every healthy ScaledObject) out of its Service, but a scaler that can reach no
         fleet at all, or whose loops are stuck, is not ready."""
-        targets = self.registry.targets()
-        return not targets or any(t.is_fresh() for t in targets)
+        # a target still on its first scrape says nothing yet: counting it would flap readiness on every
+        # new ScaledObject of a scaler that serves only a few
+        judged = [t for t in self.registry.targets() if t.snapshot is not None]
+        return not judged or any(t.is_fresh() for t in judged)
 
     async def _watch_readiness(self, every_s: float = 1.0) -> None:
         while True:

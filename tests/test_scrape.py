@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -196,3 +197,32 @@ async def test_replicas_gone_from_the_fleet_lose_their_connections(monkeypatch: 
             assert s.open_origins == 1  # only the replica still scraped
     finally:
         await s.aclose()
+
+
+async def test_a_kept_alive_connection_the_server_just_closed_is_retried_once() -> None:
+    # uvicorn closes idle keep-alive connections after 5 s; a scrape sent at that moment reads EOF. This
+    # server answers the first request on each connection and hangs up on the second, without answering.
+    body = GOOD.encode()
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
+    s = Scraper()
+    try:
+        for _ in range(3):
+            res = await s.scrape(url, timeout=2.0, engine="auto", model=None)
+            assert res.reason is None, res.detail  # before: http_error on every second scrape
+        assert connections == 3
+    finally:
+        await s.aclose()
+        server.close()

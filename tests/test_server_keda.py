@@ -11,6 +11,7 @@ import math
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -480,6 +481,32 @@ async def test_c25_health_and_readiness_follow_fresh_scrapes(scaler: ScalerServe
         assert await status("liveness") == serving
         r.set(status=200)
         await eventually(lambda: _status_is(status, "readiness", serving), 4)
+
+
+async def test_a_target_on_its_first_scrape_does_not_make_the_scaler_unready(
+    scaler: ScalerServer, channel: grpc.aio.Channel
+) -> None:
+    # before: a new ScaledObject made a scaler serving only it NOT_SERVING until its first cycle ended
+    hung = Replica(AT_TARGET)
+    try:
+        hung.set(delay_s=3.0)
+        keda = KedaEmulator(
+            channel, "new", "serving", {"endpoints": hung.url, "scrapeInterval": "5", "scrapeTimeout": "2"}
+        )
+        request = pb.GetMetricsRequest(scaledObjectRef=keda.ref, metricName="llm_composite")
+        with pytest.raises(grpc.aio.AioRpcError):
+            await keda.stub.GetMetrics(request)  # UNAVAILABLE after the 0.5 s warm-up wait: first scrape
+        (target,) = scaler.registry.targets()
+        assert target.snapshot is None
+        assert scaler.readiness() is True
+        await eventually(lambda: _has_snapshot(target), 10)  # the cycle ends in failure: now it counts
+        assert scaler.readiness() is False
+    finally:
+        hung.close()
+
+
+async def _has_snapshot(target: Any) -> bool:
+    return target.snapshot is not None
 
 
 async def _status_is(status: Callable[[str], Awaitable[int]], service: str, want: int) -> bool:
