@@ -24,6 +24,9 @@ __all__ = ["TargetRegistry", "TooManyTargets"]
 log = structlog.get_logger(__name__)
 
 _PARSE_CACHE_SIZE = 1024
+# The parsed configs' metadata size in all: 1,024 distinct 256 KiB endpoint lists would otherwise hold
+# ~250 MB of parsed URLs. Past it the least recently used configs go (a miss only costs a parse).
+PARSE_CACHE_BYTES = 16 * 1024 * 1024
 MAX_METADATA_BYTES = 256 * 1024  # 1,000 endpoint URLs are ~50 KB; beyond this is not a trigger
 # A ScaledObject whose trigger metadata changed (a new endpoint list, a new threshold) gets a new target;
 # KEDA stops calling the old one, which then retires after this, not after the full idle TTL (the newer one
@@ -60,7 +63,8 @@ class TargetRegistry:
         self._targets: dict[tuple[object, ...], Target] = {}
         self._fleets: dict[tuple[object, ...], FleetWorker] = {}
         # metadata -> config; also remembers which metadata we already logged hints for
-        self._parsed: OrderedDict[bytes, TriggerConfig] = OrderedDict()
+        self._parsed: OrderedDict[bytes, tuple[TriggerConfig, int]] = OrderedDict()
+        self._parsed_bytes = 0
 
     def config_for(self, namespace: str, name: str, metadata: Mapping[str, str]) -> TriggerConfig:
         """Parse (cached) trigger metadata; raises BadMetadata. The size is checked before anything is
@@ -72,17 +76,19 @@ class TargetRegistry:
         digest = hashlib.sha256(
             "\0".join([namespace, name, *(f"{k}\0{v}" for k, v in sorted(metadata.items()))]).encode()
         ).digest()
-        cfg = self._parsed.get(digest)
-        if cfg is not None:
+        cached = self._parsed.get(digest)
+        if cached is not None:
             self._parsed.move_to_end(digest)
-            return cfg
+            return cached[0]
         cfg = parse_trigger(namespace, name, metadata, allow_cross_namespace=self.allow_cross_namespace)
         make_resolver(cfg.discovery, self._kube, name)  # refuses Kubernetes discovery when not configured
         for hint in metadata_hints(metadata):
             log.warning("metadata_hint", scaledobject=f"{namespace}/{name}", hint=hint)
-        self._parsed[digest] = cfg
-        if len(self._parsed) > _PARSE_CACHE_SIZE:
-            self._parsed.popitem(last=False)
+        self._parsed[digest] = (cfg, size)
+        self._parsed_bytes += size
+        while len(self._parsed) > _PARSE_CACHE_SIZE or self._parsed_bytes > PARSE_CACHE_BYTES:
+            _, (_, dropped) = self._parsed.popitem(last=False)
+            self._parsed_bytes -= dropped
         return cfg
 
     def ensure(self, cfg: TriggerConfig) -> Target:

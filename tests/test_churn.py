@@ -58,6 +58,21 @@ def test_metadata_size_is_checked_before_parsing() -> None:
         )
 
 
+def test_the_parse_cache_holds_a_byte_budget_not_just_a_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    # before: 1,024 entries whatever their size: distinct 256 KiB endpoint lists could hold ~250 MB
+    monkeypatch.setattr("keda_llm_scaler.registry.PARSE_CACHE_BYTES", 200_000)
+    reg = TargetRegistry(Scraper.__new__(Scraper))
+
+    def meta(n: int) -> dict[str, str]:  # ~40 KB of endpoints each
+        return {"endpoints": ",".join(f"http://10.{n}.{i // 250}.{i % 250}:8000" for i in range(900))}
+
+    first = [reg.config_for("serving", f"so{n}", meta(n)) for n in range(10)]
+    assert reg.config_for("serving", "so9", meta(9)) is first[9]  # the newest are still cached
+    assert reg.config_for("serving", "so0", meta(0)) is not first[0]  # the oldest went, and parse again
+    assert reg.config_for("serving", "so0", meta(0)) == first[0]
+    assert reg._parsed_bytes <= 200_000
+
+
 def test_series_of_a_forgotten_scaledobject_leave_metrics() -> None:
     metrics = ScalerMetrics(lambda: [])
     cfg = parse_trigger("serving", "gone", {"endpoints": DEAD})
