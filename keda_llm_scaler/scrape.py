@@ -51,8 +51,9 @@ class ScrapeResult:
     signals: ReplicaSignals | None
     reason: str | None  # None on success; a short machine-readable cause otherwise
     detail: str
-    duration_s: float
+    duration_s: float  # the scrape itself: connect, request, body, parse (not the wait for a slot)
     size: int
+    wait_s: float = 0.0  # waiting for the fleet's, namespace's and process's scrape slots
 
 
 class _TooLarge(Exception):
@@ -201,9 +202,10 @@ class Scraper:
         inside the deadline."""
         start = time.perf_counter()
         body = b""
+        waited = 0.0
 
         def result(signals: ReplicaSignals | None, reason: str | None, detail: str = "") -> ScrapeResult:
-            return ScrapeResult(url, signals, reason, detail, time.perf_counter() - start, len(body))
+            return ScrapeResult(url, signals, reason, detail, time.perf_counter() - start - waited, len(body), waited)
 
         deadline = asyncio.get_running_loop().time() + timeout
         slots = contextlib.AsyncExitStack()
@@ -214,7 +216,9 @@ class Scraper:
                     for sem in (*limits, self._sem):
                         await slots.enter_async_context(sem)
             except TimeoutError:
+                waited = time.perf_counter() - start
                 return result(None, "throttled", f"no free scrape slot within {timeout:g}s (fleet or process limit)")
+            waited = time.perf_counter() - start
             body = await self._fetch(url, deadline)
         except _PastDeadline:
             return result(None, "timeout", f"no complete answer within {timeout:g}s")

@@ -201,10 +201,18 @@ class ScalerMetrics:
         self.registry = CollectorRegistry()
         self.scrape_duration = Histogram(
             "llm_scaler_scrape_duration_seconds",
-            "Duration of one replica scrape (fetch + parse)",
+            "Duration of one replica scrape (connect, request, body, parse), without the wait for a slot",
             ["namespace", "scaledobject"],
             registry=self.registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+        )
+        # apart from the scrape: queueing behind the concurrency limits is a capacity signal, not a slow replica
+        self.scrape_wait = Histogram(
+            "llm_scaler_scrape_wait_seconds",
+            "Time one replica scrape waited for its fleet's, namespace's and the process's scrape slots",
+            ["namespace", "scaledobject"],
+            registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
         )
         self._reasons: dict[tuple[str, str], set[str]] = {}  # which error series exist, to remove them
         self.scrape_errors = Counter(
@@ -234,12 +242,15 @@ class ScalerMetrics:
         """Remove the per-scrape series of a ScaledObject no longer served (bounded /metrics under churn)."""
         with contextlib.suppress(KeyError):
             self.scrape_duration.remove(namespace, scaledobject)
+        with contextlib.suppress(KeyError):
+            self.scrape_wait.remove(namespace, scaledobject)
         for reason in list(self._reasons.pop((namespace, scaledobject), ())):
             with contextlib.suppress(KeyError):
                 self.scrape_errors.remove(namespace, scaledobject, reason)
 
     def scrape_done(self, cfg: TriggerConfig, result: ScrapeResult) -> None:
         self.scrape_duration.labels(cfg.namespace, cfg.name).observe(result.duration_s)
+        self.scrape_wait.labels(cfg.namespace, cfg.name).observe(result.wait_s)
         if result.reason is not None:
             self.scrape_errors.labels(cfg.namespace, cfg.name, result.reason).inc()
             self._reasons.setdefault((cfg.namespace, cfg.name), set()).add(result.reason)

@@ -226,3 +226,21 @@ async def test_a_kept_alive_connection_the_server_just_closed_is_retried_once() 
     finally:
         await s.aclose()
         server.close()
+
+
+async def test_the_wait_for_a_slot_is_measured_apart_from_the_scrape() -> None:
+    # before: the duration's clock started before the wait for a slot, so queueing read as slow replicas
+    s = Scraper(max_concurrency=1)
+    try:
+        with replicas(GOOD, GOOD) as (slow, fast):
+            slow.set(delay_s=1.0)
+            held = asyncio.ensure_future(s.scrape(slow.url + "/metrics", timeout=5.0, engine="auto", model=None))
+            await asyncio.sleep(0.2)  # the slow scrape holds the only slot
+            queued = await s.scrape(fast.url + "/metrics", timeout=5.0, engine="auto", model=None)
+            first = await held
+        assert first.reason is None and queued.reason is None
+        assert queued.wait_s > 0.5 * (first.duration_s - 0.2)  # it waited for most of the slow scrape
+        assert queued.duration_s < queued.wait_s  # and its own scrape is the quick part
+        assert first.wait_s < first.duration_s
+    finally:
+        await s.aclose()

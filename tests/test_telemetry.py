@@ -49,6 +49,7 @@ async def test_exported_values_match_the_served_composite() -> None:
     assert value("llm_scaler_decision_reason", reason="load") == 1
     assert value("llm_scaler_scrape_errors_total", reason="connect_error") >= 1
     assert value("llm_scaler_scrape_duration_seconds_count") >= 3
+    assert value("llm_scaler_scrape_wait_seconds_count") == value("llm_scaler_scrape_duration_seconds_count")
     assert any(
         lab.get("method") == "GetMetrics" and lab.get("code") == "OK"
         for lab, _ in m["llm_scaler_rpc_duration_seconds_count"]
