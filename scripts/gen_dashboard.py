@@ -99,12 +99,16 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ],
     ),
     (
-        "Scrape duration p95 and cycle time",
+        "Scrape duration, slot wait p95 and cycle time",
         "s",
         [
             (
                 f"histogram_quantile(0.95, sum by (le) (rate(llm_scaler_scrape_duration_seconds_bucket{{{SEL}}}[5m])))",
                 "replica scrape p95",
+            ),
+            (
+                f"histogram_quantile(0.95, sum by (le) (rate(llm_scaler_scrape_wait_seconds_bucket{{{SEL}}}[5m])))",
+                "wait for a scrape slot p95",
             ),
             (f"llm_scaler_scrape_cycle_seconds{{{SEL}}}", "cycle (trigger {{target}})"),
             (f"llm_scaler_snapshot_age_seconds{{{SEL}}}", "snapshot age (trigger {{target}})"),
