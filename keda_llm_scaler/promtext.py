@@ -11,6 +11,7 @@ unsorted labels and Go/Rust number formats are handled as ``prometheus_client`` 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -45,8 +46,16 @@ class SampleNames:
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 
 
+# The common label block, as every engine writes it: plain names, values without escapes. Checked whole
+# and read in C; anything else (escapes, quoted UTF-8 names, malformed text) takes the careful path.
+_PLAIN_BLOCK = re.compile(r'(?:\s*[A-Za-z_][A-Za-z0-9_]*\s*=\s*"[^"\\]*"\s*(?:,|(?=\s*$)))*\s*')
+_PLAIN_PAIR = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"([^"\\]*)"')
+
+
 def _parse_labels(text: str, line: str) -> dict[str, str]:
     """Parse the inside of ``{...}``; ``text`` may contain escaped quotes and commas in values."""
+    if _PLAIN_BLOCK.fullmatch(text):
+        return dict(_PLAIN_PAIR.findall(text))
     labels: dict[str, str] = {}
     i, n = 0, len(text)
     while i < n:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from keda_llm_scaler.promtext import SampleNames, TextFormatError, parse_samples
@@ -94,3 +96,28 @@ def test_malformed_wanted_line_raises(line: str) -> None:
 def test_malformed_unwanted_line_is_never_read() -> None:
     text = "garbage{{{ not a line\nm 1\n\x00\x01 binary\n"
     assert parse_samples(text, SampleNames({"m"}))["m"][0].value == 1.0
+
+
+_LABEL_NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
+_LABEL_VALUES = st.text(alphabet=st.sampled_from([*'ab0 ,{}="\\\n=.', "é", "😀"]), max_size=12)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+@given(
+    labels=st.dictionaries(_LABEL_NAMES, _LABEL_VALUES, max_size=4),
+    spaces=st.sampled_from(["", " "]),
+    trailing_comma=st.booleans(),
+)
+def test_labels_read_as_prometheus_client_reads_them(labels: dict[str, str], spaces: str, trailing_comma: bool) -> None:
+    # the plain-label fast path and the careful path must agree with the reference parser on every block
+    block = f",{spaces}".join(f'{k}{spaces}={spaces}"{_escape(v)}"' for k, v in labels.items())
+    if trailing_comma and labels:
+        block += ","
+    text = f"# TYPE x gauge\nx{{{block}}} 1.5\n"
+    (family,) = text_string_to_metric_families(text)
+    (reference,) = family.samples
+    ours = parse_samples(text, SampleNames(["x"]))["x"]
+    assert [s.labels for s in ours] == [reference.labels] and ours[0].value == reference.value
