@@ -86,9 +86,38 @@ def _proc_stats(pid: int) -> tuple[float, int]:
     return rss_kb / 1024.0, len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _metrics_lines(port: int) -> int:
+def _scaler_metrics(port: int) -> tuple[int, dict[float, float]]:
+    """The scaler's /metrics: its sample count, and its own GetMetrics handling-time buckets (cumulative,
+    all status codes): the server-side latency, free of the load generator's own scheduling."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        return sum(1 for line in resp.read().decode().splitlines() if line and not line.startswith("#"))
+        lines = [line for line in resp.read().decode().splitlines() if line and not line.startswith("#")]
+    buckets: dict[float, float] = {}
+    for line in lines:
+        if line.startswith("llm_scaler_rpc_duration_seconds_bucket{") and 'method="GetMetrics"' in line:
+            le = float(line.split('le="', 1)[1].split('"', 1)[0])
+            buckets[le] = buckets.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+    return len(lines), buckets
+
+
+async def _probe(kedaclient: str, grpc_port: int, endpoints: str) -> dict[str, Any]:
+    """kedaclient's GetMetrics load, one caller for 3 s, on a target whose metadata never changes."""
+    meta = f"endpoints={endpoints};scrapeInterval=5;scrapeTimeout=2"
+    proc = await asyncio.create_subprocess_exec(
+        kedaclient, "-addr", f"127.0.0.1:{grpc_port}", "-op", "load", "-c", "1", "-d", "3s", "-meta", meta,
+        "-name", "probe", "-namespace", "probe", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    lines = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    return lines[-1] if lines else {}
+
+
+def _bucket_quantile(now: dict[float, float], before: dict[float, float], q: float) -> float | None:
+    """The q-quantile's bucket bound of the observations between two cumulative snapshots."""
+    delta = sorted((le, count - before.get(le, 0.0)) for le, count in now.items())
+    if not delta or delta[-1][1] <= 0:
+        return None
+    rank = q * delta[-1][1]
+    return next(le for le, count in delta if count >= rank)
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -194,6 +223,12 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
         next_sample = time.monotonic() + 10.0
         cpu_before = _cpu_s(proc.pid)
         load_before = _cpu_s(os.getpid()) + _cpu_s(started.replicas.pid or 0)
+        server_before: dict[float, float] = {}
+        probe_endpoints = ",".join(f"http://127.0.0.1:{rport}/r{i}/metrics" for i in range(per_fleet))
+        probe: asyncio.Task[dict[str, Any]] | None = None
+        if args.kedaclient:
+            await _probe(args.kedaclient, grpc_port, probe_endpoints)  # registers it: later windows are warm
+            probe = asyncio.create_task(_probe(args.kedaclient, grpc_port, probe_endpoints))
         t0 = time.monotonic()
         pending: set[asyncio.Task[None]] = set()
         interval = 1.0 / args.rps
@@ -220,7 +255,8 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
                 cpu, cpu_before = (cpu_now - cpu_before) / 10.0, cpu_now
                 load_now = _cpu_s(os.getpid()) + _cpu_s(started.replicas.pid or 0)
                 load_cpu, load_before = (load_now - load_before) / 10.0, load_now
-                lines = await asyncio.to_thread(_metrics_lines, metrics_port)
+                lines, buckets = await asyncio.to_thread(_scaler_metrics, metrics_port)
+                server_p99, server_before = _bucket_quantile(buckets, server_before, 0.99), buckets
                 window, latencies[:] = list(latencies), []
                 firsts, first_calls[:] = list(first_calls), []
                 sample = {
@@ -233,6 +269,10 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
                     "rpcs": len(window),
                     "p50_ms": None if not window else round(1000 * (_quantile(window, 0.5) or 0), 1),
                     "p99_ms": None if not window else round(1000 * (_quantile(window, 0.99) or 0), 1),
+                    # the scaler's own handling time (bucket bound: 10, 25, 50, 100, 250 ms ...)
+                    "server_p99_ms": None if server_p99 is None else round(1000 * server_p99, 1),
+                    # an independent client (grpc-go) on a target that never churns: see --kedaclient
+                    "probe": await probe if probe is not None else None,
                     "first_calls": len(firsts),
                     "first_p99_ms": None if not firsts else round(1000 * (_quantile(firsts, 0.99) or 0), 1),
                     "errors": dict(errors),
@@ -240,6 +280,8 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
                 }
                 errors.clear()
                 details.clear()
+                if args.kedaclient:
+                    probe = asyncio.create_task(_probe(args.kedaclient, grpc_port, probe_endpoints))
                 samples.append(sample)
                 print(json.dumps(sample), file=sys.stderr, flush=True)
             tick += interval
@@ -268,8 +310,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ("GetMetrics p99 (ms), targets with a snapshot", [x["p99_ms"] for x in s]),
     ]
     for ax, (label, values) in zip(axes.flat, series, strict=True):
-        ax.plot(t, values, marker="o", ms=3)
+        ax.plot(t, values, marker="o", ms=3, label="load generator (Python)")
         ax.set_title(label)
+    probes = [(x["probe"] or {}).get("p99_ms") for x in s]
+    if any(p is not None for p in probes):
+        axes[1][1].plot(t, probes, marker="s", ms=3, label="probe: grpc-go client, static target")
+        axes[1][1].axhline(100, color="grey", ls="--", lw=1, label="100 ms goal")
+        axes[1][1].legend(fontsize=8)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     for ax in axes[1]:
@@ -293,6 +340,12 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=300)
     parser.add_argument("--churn-s", type=float, default=30.0)
     parser.add_argument("--out", default="soak-output")
+    parser.add_argument(
+        "--kedaclient",
+        default="",
+        help="path to kedaclient: each window also probes a static ScaledObject with one Go caller for 3 s, "
+        "a latency free of this Python load generator's own scheduling",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the scaler too
     started = Started(args)
@@ -310,6 +363,7 @@ def main() -> int:
         "fds": [s[0]["fds"], s[-1]["fds"]] if s else None,
         "metrics_lines": [s[0]["metrics_lines"], s[-1]["metrics_lines"]] if s else None,
         "p99_ms_max": max((x["p99_ms"] or 0) for x in s) if s else None,
+        "probe_p99_ms": sorted(p for x in s if (p := (x.get("probe") or {}).get("p99_ms")) is not None),
     }
     print(json.dumps(summary))
     return 1 if result["died"] else 0
