@@ -29,9 +29,11 @@ _PARSE_CACHE_SIZE = 1024
 PARSE_CACHE_BYTES = 16 * 1024 * 1024
 MAX_METADATA_BYTES = 256 * 1024  # 1,000 endpoint URLs are ~50 KB; beyond this is not a trigger
 # A ScaledObject whose trigger metadata changed (a new endpoint list, a new threshold) gets a new target;
-# KEDA stops calling the old one, which then retires after this, not after the full idle TTL (the newer one
-# must also have been called twice since: see _idle).
-SUPERSEDED_TTL_S = 30.0
+# KEDA stops calling the old one, which then retires this long after its last call, not after the full
+# idle TTL. The newer one must also have been called twice since (see _idle), so a KEDA still asking the
+# old one (two operator replicas mid-rollout) keeps it. Short: until it retires, the old target scrapes
+# its whole fleet every interval for nobody (the soak's churn kept 40-60 fleets alive for 20 at 30 s).
+SUPERSEDED_TTL_S = 10.0
 
 
 class TooManyTargets(ScalerError):

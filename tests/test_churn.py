@@ -44,6 +44,26 @@ async def test_a_superseded_trigger_retires_promptly_and_live_siblings_stay() ->
         await reg.aclose()
 
 
+async def test_a_superseded_target_asked_often_retires_within_seconds() -> None:
+    # KEDA's HPA path and the operator ask the new metadata many times a minute: the old target must not
+    # keep scraping its fleet for half a minute
+    clock = Clock()
+    reg = TargetRegistry(Scraper(), idle_ttl_s=600.0, clock=clock)
+    try:
+        old = reg.ensure(reg.config_for("serving", "llm", {"endpoints": DEAD}))
+        clock.now += 2.0
+        new = reg.ensure(reg.config_for("serving", "llm", {"endpoints": DEAD + ",http://127.0.0.1:10"}))
+        for _ in range(3):
+            clock.now += 1.5
+            new.touch()
+        assert await reg.evict_idle() == 0  # 4.5 s since the old one was asked: kept
+        clock.now += 6.0
+        new.touch()
+        assert await reg.evict_idle() == 1 and old not in reg.targets()  # 10.5 s: retired
+    finally:
+        await reg.aclose()
+
+
 def test_metadata_size_is_checked_before_parsing() -> None:
     reg = TargetRegistry(Scraper.__new__(Scraper))  # no scraping here: config_for only
     huge = ",".join(f"http://10.0.{i // 250}.{i % 250}:8000" for i in range(20_000))
