@@ -15,7 +15,6 @@ JSON to `--out`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import multiprocessing
 import os
@@ -29,6 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.soak import _cpu_s, _serve_replicas  # noqa: E402
 from tests.replicas import unused_port  # noqa: E402
 
 FIXTURE = ROOT / "tests/fixtures/metrics/vllm_v1_reconstructed_latest_1engine.txt"
@@ -55,37 +55,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-def _serve_fixture(port_out: Any) -> None:
-    body = FIXTURE.read_bytes()
-    answer = (
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                await reader.readuntil(b"\r\n\r\n")
-                writer.write(answer)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
-            writer.close()
-
-    async def main() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=4096)
-        port_out.put(server.sockets[0].getsockname()[1])
-        await server.serve_forever()
-
-    asyncio.run(main())
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _load(kedaclient: str, address: str, meta: str, callers: int, seconds: float) -> dict[str, Any]:
@@ -120,7 +89,7 @@ def main() -> int:
     args = parser.parse_args()
 
     ports: multiprocessing.Queue[int] = multiprocessing.Queue()
-    fleet = multiprocessing.Process(target=_serve_fixture, args=(ports,), daemon=True)
+    fleet = multiprocessing.Process(target=_serve_replicas, args=(ports, [FIXTURE.read_bytes()]), daemon=True)
     fleet.start()
     rport = ports.get(timeout=30)
     endpoints = ",".join(f"http://127.0.0.1:{rport}/r{i}/metrics" for i in range(args.replicas))

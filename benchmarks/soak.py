@@ -41,8 +41,10 @@ from tests.replicas import unused_port
 PAYLOADS = [vllm_v1([EngineLoad(w, 20 + w, 0.2 + 0.1 * w)]).encode() for w in range(6)]
 
 
-def _serve_replicas(port_out: Any) -> None:
-    """All replicas in one asyncio HTTP/1.1 server, in its own process (no GIL shared with the load)."""
+def _serve_replicas(port_out: Any, payloads: list[bytes] | None = None) -> None:
+    """All replicas in one asyncio HTTP/1.1 keep-alive server, in its own process (no GIL shared with the
+    load): /r<i>/metrics answers payloads[i % len(payloads)] (default: PAYLOADS)."""
+    bodies = payloads or PAYLOADS
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -53,7 +55,7 @@ def _serve_replicas(port_out: Any) -> None:
                     n = int(path.split("/")[1].removeprefix("r"))
                 except (ValueError, IndexError):
                     n = 0
-                body = PAYLOADS[n % len(PAYLOADS)]
+                body = bodies[n % len(bodies)]
                 writer.write(
                     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
                     + f"Content-Length: {len(body)}\r\n\r\n".encode()

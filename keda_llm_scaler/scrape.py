@@ -41,7 +41,7 @@ PER_FLEET_SHARE: Final = 0.25  # ...and at most this share of the process-wide s
 PER_NAMESPACE_SHARE: Final = 0.5  # all fleets of one namespace (tenant) together: half the process's slots
 THREAD_PARSE_BYTES: Final = 64 * 1024  # above this a parse takes milliseconds: do it off the event loop
 KEEPALIVE_S: Final = 120.0  # longer than the longest scrapeInterval (60 s): one connection lives across cycles
-ORIGIN_IDLE_S: Final = 300.0  # a replica not scraped for this long (churned away) loses its pool
+URL_IDLE_S: Final = 300.0  # a replica not scraped for this long (churned away) loses its pool
 _REQUEST_HEADERS: Final = [(b"User-Agent", USER_AGENT.encode()), (b"Accept", b"text/plain;version=0.0.4")]
 
 
@@ -88,14 +88,14 @@ class Scraper:
         # every connection goes through the address guard: resolve, check, connect to what was checked
         self._backend = GuardedBackend()
         self._ssl = httpx.create_ssl_context()
-        self._origins: dict[str, httpcore.AsyncConnectionPool] = {}
+        self._pools: dict[str, httpcore.AsyncConnectionPool] = {}
         self._used: dict[str, float] = {}
         self._kept_alive = 0
         self._last_sweep = 0.0
         self._closing: set[asyncio.Task[None]] = set()
 
     async def aclose(self) -> None:
-        pools, self._origins = list(self._origins.values()), {}
+        pools, self._pools = list(self._pools.values()), {}
         self._used.clear()
         self._kept_alive = 0
         await asyncio.gather(*(p.aclose() for p in pools), return_exceptions=True)
@@ -103,29 +103,28 @@ class Scraper:
     def _pool(self, url: str, now: float) -> httpcore.AsyncConnectionPool:
         # keyed by the scrape URL, not the origin: replicas behind one address on different paths (a
         # gateway, a test fleet) each get a connection instead of queueing for one
-        origin = url
-        pool = self._origins.get(origin)
+        pool = self._pools.get(url)
         if pool is None:
             keep = self._kept_alive < self.keepalive_budget
             self._kept_alive += keep
-            pool = self._origins[origin] = httpcore.AsyncConnectionPool(
+            pool = self._pools[url] = httpcore.AsyncConnectionPool(
                 ssl_context=self._ssl,
                 max_connections=2,  # two fleets with other intervals may scrape one replica at once
                 max_keepalive_connections=1 if keep else 0,
                 keepalive_expiry=KEEPALIVE_S,
                 network_backend=self._backend,
             )
-        self._used[origin] = now
-        if now - self._last_sweep > ORIGIN_IDLE_S / 10:
+        self._used[url] = now
+        if now - self._last_sweep > URL_IDLE_S / 10:
             self._sweep(now)
         return pool
 
     def _sweep(self, now: float) -> None:
-        """Forget replicas not scraped for ORIGIN_IDLE_S (churned away): their pools close."""
+        """Forget replicas not scraped for URL_IDLE_S (churned away): their pools close."""
         self._last_sweep = now
-        for origin in [o for o, t in self._used.items() if now - t > ORIGIN_IDLE_S]:
-            pool = self._origins.pop(origin)
-            del self._used[origin]
+        for url in [u for u, t in self._used.items() if now - t > URL_IDLE_S]:
+            pool = self._pools.pop(url)
+            del self._used[url]
             if pool._max_keepalive_connections:
                 self._kept_alive -= 1
             closing = asyncio.get_running_loop().create_task(pool.aclose())
@@ -133,8 +132,8 @@ class Scraper:
             closing.add_done_callback(self._closing.discard)
 
     @property
-    def open_origins(self) -> int:
-        return len(self._origins)
+    def pooled_urls(self) -> int:
+        return len(self._pools)
 
     async def _fetch(self, url: str, deadline: float) -> bytes:
         """The body, by ``deadline`` (loop time). httpcore's own timeouts (each at most the time left) end a

@@ -186,15 +186,15 @@ async def test_keepalive_budget_bounds_open_connections() -> None:
 
 async def test_replicas_gone_from_the_fleet_lose_their_connections(monkeypatch: pytest.MonkeyPatch) -> None:
     # churn: a replica no longer scraped must not keep a pool and a socket for good
-    monkeypatch.setattr("keda_llm_scaler.scrape.ORIGIN_IDLE_S", 0.3)
+    monkeypatch.setattr("keda_llm_scaler.scrape.URL_IDLE_S", 0.3)
     s = Scraper()
     try:
         with replicas(GOOD, GOOD) as (old, new):
             assert (await s.scrape(old.url + "/metrics", timeout=2.0, engine="auto", model=None)).reason is None
-            assert s.open_origins == 1
+            assert s.pooled_urls == 1
             await asyncio.sleep(0.6)  # twice the idle limit
             assert (await s.scrape(new.url + "/metrics", timeout=2.0, engine="auto", model=None)).reason is None
-            assert s.open_origins == 1  # only the replica still scraped
+            assert s.pooled_urls == 1  # only the replica still scraped
     finally:
         await s.aclose()
 

@@ -19,8 +19,9 @@ __all__ = [
     "counter_parts",
     "counter_sum",
     "gauge_by_group",
-    "histogram",
     "histogram_names",
+    "histogram_series",
+    "histograms",
 ]
 
 Samples = Mapping[str, Sequence[Sample]]
@@ -160,11 +161,6 @@ def histogram_series(samples: Samples, family: str, keep: Callable[[Sample], boo
         key = _series_key(dict(items))  # (the parser refuses a series written twice, in any label order)
         series[key] = Histogram(tuple(sorted(by_le.items())), counts.get(key, 0.0), sums.get(key, 0.0))
     return series
-
-
-def histogram(samples: Samples, family: str, keep: Callable[[Sample], bool]) -> Histogram | None:
-    """All kept series of a histogram summed by bucket bound (engines, priorities and so on)."""
-    return Histogram.merge(list(histogram_series(samples, family, keep).values()))
 
 
 def histograms(samples: Samples, families: Mapping[str, str], keep: Callable[[Sample], bool]) -> dict[str, object]:
