@@ -138,13 +138,8 @@ class Target:
         return self._updated
 
     def publish(self, snap: Snapshot) -> Snapshot:
-        """Make ``snap`` the current answer, from any thread: on the RPC loop's thread it is applied at
-        once, from the scrape loop's it is handed over (asyncio events are not thread-safe)."""
-        owner = self._owner
-        if owner is None or owner.is_closed() or _running_loop() is owner:
-            self._apply(snap)
-        else:
-            owner.call_soon_threadsafe(self._apply, snap)
+        """Make ``snap`` the current answer, from any thread (see ``publish_together``)."""
+        publish_together([(self, snap)])
         return snap
 
     def _apply(self, snap: Snapshot) -> None:
@@ -161,6 +156,24 @@ class Target:
             stale=snap.count(STALE),
             expired=snap.count(EXPIRED),
         )
+
+
+def publish_together(pairs: list[tuple[Target, Snapshot]]) -> None:
+    """Make each snapshot its target's current answer, all in one step on the RPC loop: applied at once
+    on that loop's thread, handed over in a single callback from the scrape loop's (asyncio events are not
+    thread-safe, and one callback per view would let an RPC see views of one fleet a cycle apart)."""
+    if not pairs:
+        return
+    owner = pairs[0][0]._owner  # every target is created on the RPC loop
+
+    def apply() -> None:
+        for target, snap in pairs:
+            target._apply(snap)
+
+    if owner is None or owner.is_closed() or _running_loop() is owner:
+        apply()
+    else:
+        owner.call_soon_threadsafe(apply)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -312,6 +325,5 @@ class FleetWorker:
         self._publish(snapshot)
 
     def _publish(self, snapshot: Callable[[Target], Snapshot]) -> None:
-        for view in list(self.views.values()):
-            view.publish(snapshot(view))
+        publish_together([(view, snapshot(view)) for view in list(self.views.values())])
         self._cycle += 1
