@@ -83,6 +83,7 @@ class Target:
         self.snapshot: Snapshot | None = None
         self.last_used = self.registered_at = clock()
         self.prev_used = -math.inf
+        self._poll_started = self.registered_at
         self.holders = 0  # open streams keep a target from eviction
         self._updated = asyncio.Event()
         # the loop RPCs run on: snapshots published from the scrape loop's thread are handed over to it
@@ -99,9 +100,15 @@ class Target:
         await self.worker.detach(self)
 
     def touch(self) -> None:
+        """Record a call. Calls within a second of a poll's first call are that poll (KEDA asks every
+        trigger of a ScaledObject together); ``prev_used`` is the last call before the current poll. A
+        caller that never pauses (a dashboard, a load test) still starts a new poll every second: measured
+        from the previous gap instead, its calls were all one poll, and the targets it replaced were never
+        seen as superseded (the soak kept six per ScaledObject for the whole idle TTL)."""
         now = self._clock()
-        if now - self.last_used > 1.0:  # calls of one KEDA poll come together: one use
+        if now - self._poll_started > 1.0:
             self.prev_used = self.last_used
+            self._poll_started = now
         self.last_used = now
 
     # -- reading ---------------------------------------------------------------------------------

@@ -64,6 +64,43 @@ async def test_a_superseded_target_asked_often_retires_within_seconds() -> None:
         await reg.aclose()
 
 
+async def test_a_superseded_target_retires_even_when_its_successor_is_asked_without_pause() -> None:
+    # a caller that asks every 100 ms (a dashboard, a load test, the soak) never leaves a one-second gap:
+    # before, its calls all counted as one poll and the replaced target scraped on for the 600 s idle TTL
+    clock = Clock()
+    reg = TargetRegistry(Scraper(), idle_ttl_s=600.0, clock=clock)
+    try:
+        old = reg.ensure(reg.config_for("serving", "llm", {"endpoints": DEAD}))
+        clock.now += 0.1
+        new = reg.ensure(reg.config_for("serving", "llm", {"endpoints": DEAD + ",http://127.0.0.1:10"}))
+        for _ in range(110):  # 11 s of calls every 100 ms, on the new metadata only
+            clock.now += 0.1
+            new.touch()
+        assert await reg.evict_idle() == 1 and reg.targets() == [new]
+        assert old not in reg.targets()
+    finally:
+        await reg.aclose()
+
+
+async def test_two_triggers_of_one_scaled_object_polled_together_both_stay() -> None:
+    # KEDA asks each trigger of a ScaledObject on every poll (pollingInterval 30 s): neither replaces
+    # the other, however long the pause between polls
+    clock = Clock()
+    reg = TargetRegistry(Scraper(), idle_ttl_s=600.0, clock=clock)
+    try:
+        a = reg.ensure(reg.config_for("serving", "llm", {"endpoints": DEAD}))
+        b = reg.ensure(reg.config_for("serving", "llm", {"endpoints": DEAD + ",http://127.0.0.1:10"}))
+        for _ in range(6):
+            clock.now += 30.0
+            a.touch()
+            clock.now += 0.01
+            b.touch()
+            assert await reg.evict_idle() == 0
+        assert set(reg.targets()) == {a, b}
+    finally:
+        await reg.aclose()
+
+
 def test_metadata_size_is_checked_before_parsing() -> None:
     reg = TargetRegistry(Scraper.__new__(Scraper))  # no scraping here: config_for only
     huge = ",".join(f"http://10.0.{i // 250}.{i % 250}:8000" for i in range(20_000))
