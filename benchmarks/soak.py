@@ -5,8 +5,9 @@
 
 Replicas are one loopback asyncio HTTP server (its own process) answering vLLM payloads on
 /r<i>/metrics. `--fleets` ScaledObjects each scrape a slice of them; every `--churn-s` every fleet's
-endpoint list moves on (new trigger metadata: a new target, the old one superseded), and a third of the
-streams are cancelled and reopened on the new metadata. The load is GetMetrics at `--rps` (random fleet,
+endpoint list moves on (new trigger metadata: a new target, the old one superseded) and, as KEDA does on a
+spec change, its streams reopen on the new metadata; half-way between churns a third of the streams are
+cancelled and reopened. The load is GetMetrics at `--rps` (random fleet,
 2 s deadline) plus `--streams` StreamIsActive streams. Every 10 s the scaler process's RSS, CPU, open fds
 and /metrics size are sampled with the window's GetMetrics p50/p99 (calls to targets that have answered
 before; calls before a new target's first answer are counted apart) and its errors. Writes `soak.json`
@@ -129,6 +130,67 @@ def _quantile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def endpoints(args: argparse.Namespace, rport: int, fleet: int, epoch: int) -> str:
+    """Fleet ``fleet``'s endpoint list at move ``epoch``: a slice of the replicas, shifted a third per move."""
+    per_fleet = max(1, args.replicas // args.fleets)
+    start = (fleet * per_fleet + epoch * max(1, per_fleet // 3)) % args.replicas
+    ids = [(start + k) % args.replicas for k in range(per_fleet)]
+    return ",".join(f"http://127.0.0.1:{rport}/r{i}/metrics" for i in ids)
+
+
+def scaled_object(args: argparse.Namespace, rport: int, fleet: int, epoch: int) -> pb.ScaledObjectRef:
+    meta = {"endpoints": endpoints(args, rport, fleet, epoch), "scrapeInterval": "5", "scrapeTimeout": "2"}
+    return pb.ScaledObjectRef(name=f"so{fleet}", namespace=f"ns{fleet % 4}", scalerMetadata=meta)
+
+
+def _hold_streams(args: argparse.Namespace, rport: int, grpc_port: int, epoch: Any, stop: Any) -> None:
+    """The StreamIsActive streams, in their own process (as the operator's are, apart from its GetMetrics
+    callers): the load generator's latency then measures its calls, not 300 streams' scheduling. Follows
+    ``epoch`` (a shared counter) as KEDA follows a spec change: every stream reopens on the new metadata,
+    the new one before the old one is cancelled, so the two overlap briefly. Half-way between moves a
+    third of the streams are cancelled by the client and reopened (an operator restart, a lost lease)."""
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+            stub = pb_grpc.ExternalScalerStub(ch)
+
+            async def drain(call: Any) -> None:
+                try:
+                    async for _ in call:
+                        pass
+                except (grpc.aio.AioRpcError, asyncio.CancelledError):
+                    pass
+
+            def open_stream(k: int, at: int) -> tuple[Any, asyncio.Task[None]]:
+                call = stub.StreamIsActive(scaled_object(args, rport, k % args.fleets, at))
+                return call, asyncio.create_task(drain(call))
+
+            seen = epoch.value
+            streams = [open_stream(k, seen) for k in range(args.streams)]
+            next_cancel = time.monotonic() + args.churn_s / 2
+            while not stop.is_set():
+                await asyncio.sleep(0.1)
+                if epoch.value != seen:
+                    seen = epoch.value
+                    next_cancel = time.monotonic() + args.churn_s / 2
+                    for k, (call, task) in enumerate(list(streams)):
+                        streams[k] = open_stream(k, seen)
+                        call.cancel()
+                        task.cancel()
+                if time.monotonic() >= next_cancel:
+                    next_cancel += args.churn_s
+                    for k in random.sample(range(len(streams)), len(streams) // 3):
+                        call, task = streams[k]
+                        call.cancel()
+                        task.cancel()
+                        streams[k] = open_stream(k, seen)
+            for call, task in streams:
+                call.cancel()
+                task.cancel()
+
+    asyncio.run(main())
+
+
 class Started:
     """The replica server and the scaler process (started before the event loop)."""
 
@@ -151,8 +213,29 @@ class Started:
         }
         exe = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
         self.proc = subprocess.Popen([exe, "serve"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        # spawned, not forked: the load generator has started gRPC by the time the streams start
+        self.spawn = multiprocessing.get_context("spawn")
+        self.epoch = self.spawn.Value("i", 0)
+        self.streams_stop = self.spawn.Event()
+        self.streams: Any = None  # the spawned streams process
+
+    def harness_cpu_s(self) -> float:
+        """CPU seconds of the load generator, its streams process and the replicas."""
+        pids = [os.getpid(), self.replicas.pid, self.streams.pid if self.streams else None]
+        return sum(_cpu_s(pid) for pid in pids if pid)
+
+    def start_streams(self, args: argparse.Namespace) -> None:
+        self.streams = self.spawn.Process(
+            target=_hold_streams, args=(args, self.rport, self.grpc_port, self.epoch, self.streams_stop), daemon=True
+        )
+        self.streams.start()
 
     def stop(self) -> None:
+        if self.streams is not None:
+            self.streams_stop.set()
+            self.streams.join(10)
+            if self.streams.is_alive():
+                self.streams.terminate()
         self.proc.terminate()
         try:
             self.proc.wait(15)
@@ -167,14 +250,8 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
     per_fleet = max(1, args.replicas // args.fleets)
     epoch = 0
 
-    def endpoints(fleet: int) -> str:
-        start = (fleet * per_fleet + epoch * max(1, per_fleet // 3)) % args.replicas
-        ids = [(start + k) % args.replicas for k in range(per_fleet)]
-        return ",".join(f"http://127.0.0.1:{rport}/r{i}/metrics" for i in ids)
-
     def ref(fleet: int) -> pb.ScaledObjectRef:
-        meta = {"endpoints": endpoints(fleet), "scrapeInterval": "5", "scrapeTimeout": "2"}
-        return pb.ScaledObjectRef(name=f"so{fleet}", namespace=f"ns{fleet % 4}", scalerMetadata=meta)
+        return scaled_object(args, rport, fleet, epoch)
 
     latencies: list[float] = []  # calls to a target that has answered before: from memory
     first_calls: list[float] = []  # calls on new metadata before its first answer: wait up to warmupWait
@@ -191,20 +268,7 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
                 break
             except grpc.aio.AioRpcError:
                 await asyncio.sleep(0.2)
-        streams: list[tuple[Any, asyncio.Task[None]]] = []
-
-        async def drain(call: Any) -> None:
-            try:
-                async for _ in call:
-                    pass
-            except (grpc.aio.AioRpcError, asyncio.CancelledError):
-                pass
-
-        def open_stream(k: int) -> tuple[Any, asyncio.Task[None]]:
-            call = stub.StreamIsActive(ref(k % args.fleets))
-            return call, asyncio.create_task(drain(call))
-
-        streams = [open_stream(k) for k in range(args.streams)]
+        started.start_streams(args)
 
         async def one_call() -> None:
             fleet = random.randrange(args.fleets)
@@ -224,7 +288,7 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
         next_churn = time.monotonic() + args.churn_s
         next_sample = time.monotonic() + 10.0
         cpu_before = _cpu_s(proc.pid)
-        load_before = _cpu_s(os.getpid()) + _cpu_s(started.replicas.pid or 0)
+        load_before = started.harness_cpu_s()
         server_before: dict[float, float] = {}
         probe_endpoints = ",".join(f"http://127.0.0.1:{rport}/r{i}/metrics" for i in range(per_fleet))
         probe: asyncio.Task[dict[str, Any]] | None = None
@@ -245,17 +309,13 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
             if now >= next_churn:
                 epoch += 1
                 next_churn += args.churn_s
-                for k in random.sample(range(len(streams)), len(streams) // 3):  # cancellations, then reopen
-                    call, t = streams[k]
-                    call.cancel()
-                    t.cancel()
-                    streams[k] = open_stream(k)
+                started.epoch.value = epoch  # the streams process follows (see _hold_streams)
             if now >= next_sample:
                 next_sample += 10.0
                 rss, fds = _proc_stats(proc.pid)
                 cpu_now = _cpu_s(proc.pid)
                 cpu, cpu_before = (cpu_now - cpu_before) / 10.0, cpu_now
-                load_now = _cpu_s(os.getpid()) + _cpu_s(started.replicas.pid or 0)
+                load_now = started.harness_cpu_s()
                 load_cpu, load_before = (load_now - load_before) / 10.0, load_now
                 lines, buckets = await asyncio.to_thread(_scaler_metrics, metrics_port)
                 server_p99, server_before = _bucket_quantile(buckets, server_before, 0.99), buckets
@@ -289,9 +349,6 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
             tick += interval
             await asyncio.sleep(max(0.0, tick - time.monotonic()))
         await asyncio.gather(*pending, return_exceptions=True)
-        for call, t in streams:
-            call.cancel()
-            t.cancel()
     died = proc.poll() is not None
     return {"config": vars(args), "died": died, "exit_code": proc.returncode, "samples": samples}
 
