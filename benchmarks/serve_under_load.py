@@ -3,8 +3,9 @@
     python benchmarks/serve_under_load.py --kedaclient ../shared/tools/kedaclient [--replicas 1000]
         [--interval 5] [--callers 16] [--seconds 20] [--out docs/performance/serve_under_load.json]
 
-Issue #11's serve-under-load measure. Replicas are one asyncio HTTP/1.1 server in its own process that
-serves the 41 KB vLLM V1 fixture on 127.0.0.1:<port>/r<i>/metrics (keep-alive). The scaler is the real
+Issue #11's serve-under-load measure. Replicas are one server (nginx when installed, else an asyncio
+HTTP/1.1 server in its own process: benchmarks/fleetserver.py) that serves the 41 KB vLLM V1 fixture on
+127.0.0.1:<port>/r<i>/metrics (keep-alive). The scaler is the real
 `keda-llm-scaler serve` with one ScaledObject over all replicas; once its first cycle is in, kedaclient
 (the grpc-go client that calls like the KEDA operator) runs `-op load` with `--callers` for `--seconds`.
 The reference is a bare `grpc.aio` ExternalScaler that returns a constant, loaded the same way, in the
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -28,7 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.soak import _cpu_s, _serve_replicas  # noqa: E402
+from benchmarks.fleetserver import start_fleet  # noqa: E402
+from benchmarks.soak import _cpu_s  # noqa: E402
 from tests.replicas import unused_port  # noqa: E402
 
 FIXTURE = ROOT / "tests/fixtures/metrics/vllm_v1_reconstructed_latest_1engine.txt"
@@ -86,13 +87,12 @@ def main() -> int:
     parser.add_argument("--callers", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--out", default="")
+    parser.add_argument("--fleet", default="auto", choices=["auto", "nginx", "asyncio"], help="fleet server")
+    parser.add_argument("--scrape-workers", default="auto", help="the scaler's --scrape-workers (0: in process)")
     args = parser.parse_args()
 
-    ports: multiprocessing.Queue[int] = multiprocessing.Queue()
-    fleet = multiprocessing.Process(target=_serve_replicas, args=(ports, [FIXTURE.read_bytes()]), daemon=True)
-    fleet.start()
-    rport = ports.get(timeout=30)
-    endpoints = ",".join(f"http://127.0.0.1:{rport}/r{i}/metrics" for i in range(args.replicas))
+    fleet = start_fleet(FIXTURE.read_bytes(), args.fleet)
+    endpoints = ",".join(fleet.url(i) for i in range(args.replicas))
     timeout = min(args.interval, 2.0 if args.interval <= 5 else 5.0)
     meta = f"endpoints={endpoints};scrapeInterval={args.interval:g};scrapeTimeout={timeout:g};enableTLS=false"
     grpc_port, metrics_port, bare_port = unused_port(), unused_port(), unused_port()
@@ -103,11 +103,12 @@ def main() -> int:
         "LLM_SCALER_METRICS_PORT": str(metrics_port),
         "LLM_SCALER_LOG_LEVEL": "warning",
         "LLM_SCALER_MAX_CONCURRENT_SCRAPES": "64",
+        "LLM_SCALER_SCRAPE_WORKERS": args.scrape_workers,
     }
     exe = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
     scaler = subprocess.Popen([exe, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     bare = subprocess.Popen([sys.executable, "-c", BARE_SERVER, str(bare_port)], cwd=ROOT)
-    result: dict[str, Any] = {"config": vars(args), "machine_cores": os.cpu_count()}
+    result: dict[str, Any] = {"config": vars(args), "machine_cores": os.cpu_count(), "fleet_server": fleet.kind}
     try:
         time.sleep(2.0)
         print("reference: bare grpc.aio server ...", flush=True)
@@ -119,16 +120,16 @@ def main() -> int:
             if first.get("errors", 1) == 0:
                 break
             time.sleep(1.0)
-        cpu0, t0 = _cpu_s(scaler.pid), time.monotonic()
+        cpu0, t0 = _cpu_s(scaler.pid, children=True), time.monotonic()
         print(f"scaler under load ({args.callers} callers, {args.seconds:g} s) ...", flush=True)
         result["scaler"] = _load(args.kedaclient, f"127.0.0.1:{grpc_port}", meta, args.callers, args.seconds)
-        result["scaler_cpu_cores"] = round((_cpu_s(scaler.pid) - cpu0) / (time.monotonic() - t0), 2)
+        result["scaler_cpu_cores"] = round((_cpu_s(scaler.pid, children=True) - cpu0) / (time.monotonic() - t0), 2)
         result["scrape_cycle_s"] = _scaler_metric(metrics_port, "llm_scaler_scrape_cycle_seconds")
         print(f"  {result['scaler']}", flush=True)
     finally:
         scaler.terminate()
         bare.terminate()
-        fleet.terminate()
+        fleet.stop()
         scaler.wait(15)
         bare.wait(15)
     b, s = result["bare"], result["scaler"]

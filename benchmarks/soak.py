@@ -7,10 +7,10 @@ Replicas are one loopback asyncio HTTP server (its own process) answering vLLM p
 /r<i>/metrics. `--fleets` ScaledObjects each scrape a slice of them; every `--churn-s` every fleet's
 endpoint list moves on (new trigger metadata: a new target, the old one superseded) and, as KEDA does on a
 spec change, its streams reopen on the new metadata; half-way between churns a third of the streams are
-cancelled and reopened. The load is GetMetrics at `--rps` (random fleet,
-2 s deadline) plus `--streams` StreamIsActive streams. Every 10 s the scaler process's RSS, CPU, open fds
-and /metrics size are sampled with the window's GetMetrics p50/p99 (calls to targets that have answered
-before; calls before a new target's first answer are counted apart) and its errors. Writes `soak.json`
+cancelled and reopened. The load is GetMetrics at `--rps` (random fleet, 2 s deadline) plus `--streams`
+StreamIsActive streams. Every 10 s the scaler's RSS, CPU and open fds (its process and its scrape workers
+together) and its /metrics size are sampled with the window's GetMetrics p50/p99 (calls to targets that have
+answered before; calls before a new target's first answer are counted apart) and its errors. Writes `soak.json`
 and `soak.png` to `--out` and prints one line per sample (progress) and a JSON summary. Exit code 1 if
 the process died.
 """
@@ -74,19 +74,47 @@ def _serve_replicas(port_out: Any, payloads: list[bytes] | None = None) -> None:
     asyncio.run(main())
 
 
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the scaler and its scrape workers: the pod's processes)."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        # children are listed per thread: the scaler starts its workers from its scrape thread
+        try:
+            for task in os.listdir(f"/proc/{pids[i]}/task"):
+                with open(f"/proc/{pids[i]}/task/{task}/children") as f:
+                    pids.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+        i += 1
+    return pids
+
+
+def _cpu_s(pid: int, children: bool = False) -> float:
+    """CPU seconds (user + system) of ``pid``, and with ``children`` of its live descendants too."""
+    total = 0.0
+    for p in _tree(pid) if children else [pid]:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited between listing and reading
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return total
 
 
 def _proc_stats(pid: int) -> tuple[float, int]:
-    rss_kb = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss_kb = int(line.split()[1])
-    return rss_kb / 1024.0, len(os.listdir(f"/proc/{pid}/fd"))
+    """RSS (MB) and open fds of ``pid`` and its descendants together."""
+    rss_kb, fds = 0, 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        rss_kb += int(line.split()[1])
+            fds += len(os.listdir(f"/proc/{p}/fd"))
+        except OSError:
+            continue
+    return rss_kb / 1024.0, fds
 
 
 def _scaler_metrics(port: int) -> tuple[int, dict[float, float]]:
@@ -287,7 +315,7 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
 
         next_churn = time.monotonic() + args.churn_s
         next_sample = time.monotonic() + 10.0
-        cpu_before = _cpu_s(proc.pid)
+        cpu_before = _cpu_s(proc.pid, children=True)
         load_before = started.harness_cpu_s()
         server_before: dict[float, float] = {}
         probe_endpoints = ",".join(f"http://127.0.0.1:{rport}/r{i}/metrics" for i in range(per_fleet))
@@ -313,7 +341,7 @@ async def soak(args: argparse.Namespace, started: Started) -> dict[str, Any]:
             if now >= next_sample:
                 next_sample += 10.0
                 rss, fds = _proc_stats(proc.pid)
-                cpu_now = _cpu_s(proc.pid)
+                cpu_now = _cpu_s(proc.pid, children=True)
                 cpu, cpu_before = (cpu_now - cpu_before) / 10.0, cpu_now
                 load_now = started.harness_cpu_s()
                 load_cpu, load_before = (load_now - load_before) / 10.0, load_now

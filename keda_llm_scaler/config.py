@@ -58,6 +58,7 @@ class Settings:
     warmup_wait: float = 0.5
     max_scrape_bytes: int = 8 * 1024 * 1024
     max_concurrent_scrapes: int = 64
+    scrape_workers: str = "auto"
     kube_api_url: str = ""
     kube_token_file: Path | None = None
     kube_ca_file: Path | None = None
@@ -86,6 +87,9 @@ class Settings:
         for name, value, low in checks:
             if not (math.isfinite(value) and value >= low):
                 raise ValueError(f"--{name.replace('_', '-')} {value!r}: accepted: a number >= {low:g}")
+        workers = self.scrape_workers.strip().lower()
+        if workers != "auto" and not (workers.isascii() and workers.isdigit() and int(workers) <= 256):
+            raise ValueError(f"--scrape-workers {self.scrape_workers!r}: accepted: auto | 0-256")
         parse_networks(self.refuse_networks, "--refuse-networks")
         parse_networks(self.allow_networks, "--allow-networks")
         if not _valid_host(self.host):
@@ -125,6 +129,8 @@ SETTINGS_HELP: Final[dict[str, str]] = {
     "warmup_wait": "seconds a new target's first call may wait for its first scrape",
     "max_scrape_bytes": "largest /metrics body read from a replica",
     "max_concurrent_scrapes": "replica scrapes in flight at once, all targets together",
+    "scrape_workers": "processes that fetch and parse replicas' /metrics: auto (one per CPU the pod may "
+    "use) | a number | 0 (in the scaler process)",
     "kube_api_url": "Kubernetes API URL (default: in-cluster service account, when present)",
     "kube_token_file": "bearer token file for --kube-api-url",
     "kube_ca_file": "CA file for --kube-api-url",

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import httpcore
 import httpx  # only for its TLS defaults (certifi), as the scrape client had them before
@@ -31,6 +32,9 @@ from keda_llm_scaler.engines import read_replica
 from keda_llm_scaler.errors import ReplicaError
 from keda_llm_scaler.promtext import TextFormatError
 from keda_llm_scaler.signals import ReplicaSignals
+
+if TYPE_CHECKING:
+    from keda_llm_scaler.workers import ScrapeWorkers
 
 __all__ = ["DEFAULT_MAX_BYTES", "ScrapeResult", "Scraper"]
 
@@ -76,9 +80,16 @@ class _HttpStatus(Exception):
 
 class Scraper:
     def __init__(
-        self, *, max_bytes: int = DEFAULT_MAX_BYTES, max_concurrency: int = 64, keepalive_budget: int = 4096
+        self,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_concurrency: int = 64,
+        keepalive_budget: int = 4096,
+        workers: ScrapeWorkers | None = None,
     ) -> None:
+        """``workers``: fetch and parse in worker processes (``serve``); else on this event loop."""
         self.max_bytes = max_bytes
+        self.workers = workers
         self.max_concurrency = max_concurrency
         # open keep-alive connections allowed in all (one per replica); past it, connections close after
         # each scrape, so a huge fleet cannot exhaust the process's file descriptors
@@ -95,6 +106,8 @@ class Scraper:
         self._closing: set[asyncio.Task[None]] = set()
 
     async def aclose(self) -> None:
+        if self.workers is not None:
+            await self.workers.aclose()
         pools, self._pools = list(self._pools.values()), {}
         self._used.clear()
         self._kept_alive = 0
@@ -198,15 +211,8 @@ class Scraper:
         limits: Sequence[asyncio.Semaphore] = (),
     ) -> ScrapeResult:
         """``limits``: the fleet's and the namespace's slots, taken (in order, then the process-wide one)
-        inside the deadline."""
+        inside the deadline. With ``workers``, the fetch and the parse run in a worker process."""
         start = time.perf_counter()
-        body = b""
-        waited = 0.0
-
-        def result(signals: ReplicaSignals | None, reason: str | None, detail: str = "") -> ScrapeResult:
-            return ScrapeResult(url, signals, reason, detail, time.perf_counter() - start - waited, len(body), waited)
-
-        deadline = asyncio.get_running_loop().time() + timeout
         slots = contextlib.AsyncExitStack()
         try:
             try:
@@ -216,8 +222,36 @@ class Scraper:
                         await slots.enter_async_context(sem)
             except TimeoutError:
                 waited = time.perf_counter() - start
-                return result(None, "throttled", f"no free scrape slot within {timeout:g}s (fleet or process limit)")
+                detail = f"no free scrape slot within {timeout:g}s (fleet or process limit)"
+                return ScrapeResult(url, None, "throttled", detail, 0.0, 0, waited)
             waited = time.perf_counter() - start
+            left = max(0.001, timeout - waited)
+            if self.workers is not None:
+                result = await self.workers.fetch_and_read(url, left, engine, model)
+            else:
+                result = await self.fetch_and_read(url, left, engine, model, release=slots.aclose)
+        finally:
+            await slots.aclose()
+        return dataclasses.replace(result, wait_s=waited)
+
+    async def fetch_and_read(
+        self,
+        url: str,
+        timeout: float,
+        engine: str,
+        model: str | None,
+        release: Callable[[], Awaitable[None]] | None = None,
+    ) -> ScrapeResult:
+        """One replica's body within ``timeout``, read into signals. ``release``: called once the body is
+        in, before the parse (the caller's scrape slots: parsing holds no connection)."""
+        start = time.perf_counter()
+        body = b""
+
+        def result(signals: ReplicaSignals | None, reason: str | None, detail: str = "") -> ScrapeResult:
+            return ScrapeResult(url, signals, reason, detail, time.perf_counter() - start, len(body))
+
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
             body = await self._fetch(url, deadline)
         except _PastDeadline:
             return result(None, "timeout", f"no complete answer within {timeout:g}s")
@@ -234,7 +268,8 @@ class Scraper:
         except (httpcore.ProtocolError, httpcore.NetworkError, httpcore.UnsupportedProtocol, OSError) as exc:
             return result(None, "http_error", f"{type(exc).__name__}: {exc}")
         finally:
-            await slots.aclose()
+            if release is not None:
+                await release()
         try:
             text = body.decode("utf-8", errors="replace")
             if len(body) > THREAD_PARSE_BYTES:

@@ -27,6 +27,7 @@ from keda_llm_scaler.registry import TargetRegistry
 from keda_llm_scaler.scrape import Scraper
 from keda_llm_scaler.service import ExternalScalerService
 from keda_llm_scaler.telemetry import ScalerMetrics
+from keda_llm_scaler.workers import ScrapeWorkers, worker_count
 
 __all__ = ["HEALTH_SERVICES", "ScalerServer", "run"]
 
@@ -118,12 +119,25 @@ class ScalerServer:
         self.settings = settings
         self.shutdown_event = asyncio.Event()
         self._previous_policy = set_policy(address_policy(settings))  # process-wide: every scrape checks it
+        budget = _keepalive_budget()
+        count = worker_count(settings.scrape_workers)
+        self.workers = None
+        if count > 0:  # fetch and parse on every core (keda_llm_scaler/workers.py)
+            self.workers = ScrapeWorkers(
+                count,
+                max_bytes=settings.max_scrape_bytes,
+                keepalive_budget=budget,
+                policy=address_policy(settings),
+                log_level=settings.log_level,
+                log_json=settings.log_json,
+            )
         self.scraper = Scraper(
             max_bytes=settings.max_scrape_bytes,
             max_concurrency=settings.max_concurrent_scrapes,
-            keepalive_budget=_keepalive_budget(),
+            keepalive_budget=budget,
+            workers=self.workers,
         )
-        self.metrics = ScalerMetrics(lambda: self.registry.targets())
+        self.metrics = ScalerMetrics(lambda: self.registry.targets(), workers=self.workers)
         self.scrape_loop = ScrapeLoop(threaded=True)  # scrape work off the loop that answers KEDA
         self.registry = TargetRegistry(
             self.scraper,
@@ -181,6 +195,8 @@ class ScalerServer:
         for name in HEALTH_SERVICES:
             await self.health.set(name, _SERVING)
         self.scrape_loop.start()  # before the first RPC can create a fleet
+        if self.workers is not None:
+            await self.scrape_loop.run(self.workers.start())  # their sockets belong to the scrape loop
         await self.grpc.start()
         self._http, _ = start_http_server(
             self.settings.metrics_port, addr=self.settings.host, registry=self.metrics.registry

@@ -12,11 +12,11 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from keda_llm_scaler import __version__
@@ -25,6 +25,9 @@ from keda_llm_scaler.membership import PHASES
 from keda_llm_scaler.metadata import TriggerConfig
 from keda_llm_scaler.scrape import ScrapeResult
 from keda_llm_scaler.target import Target
+
+if TYPE_CHECKING:
+    from keda_llm_scaler.workers import ScrapeWorkers
 
 __all__ = ["ScalerMetrics", "configure_logging"]
 
@@ -194,10 +197,30 @@ class _TargetCollector(Collector):
         )
 
 
+class _WorkerCollector(Collector):
+    def __init__(self, workers: ScrapeWorkers) -> None:
+        self._workers = workers
+
+    def collect(self) -> Iterator[Metric]:
+        count = GaugeMetricFamily("llm_scaler_scrape_workers", "Scrape worker processes running")
+        count.add_metric([], len(self._workers.pids()))
+        restarts = CounterMetricFamily(
+            "llm_scaler_scrape_worker_restarts", "Scrape workers started again after dying or stopping to answer"
+        )
+        restarts.add_metric([], self._workers.restarts)
+        yield count
+        yield restarts
+
+
 class ScalerMetrics:
     """Owns the registry; also the ScrapeObserver handed to every target."""
 
-    def __init__(self, targets: Callable[[], Iterable[Target]], clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        targets: Callable[[], Iterable[Target]],
+        clock: Callable[[], float] = time.monotonic,
+        workers: ScrapeWorkers | None = None,
+    ):
         self.registry = CollectorRegistry()
         self.scrape_duration = Histogram(
             "llm_scaler_scrape_duration_seconds",
@@ -236,6 +259,8 @@ class ScalerMetrics:
                 yield build
 
         self.registry.register(_Build())
+        if workers is not None:
+            self.registry.register(_WorkerCollector(workers))
         self.registry.register(_TargetCollector(targets, clock))
 
     def forget(self, namespace: str, scaledobject: str) -> None:

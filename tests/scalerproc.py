@@ -11,8 +11,17 @@ import grpc
 from keda_llm_scaler.config import Settings
 from keda_llm_scaler.server import ScalerServer
 
+# In-process scraping (scrape_workers="0") unless a test asks for workers: tests patch scrape-side constants
+# in this process, which a worker would not see. The worker path has its own tests (test_workers.py), and
+# every test that runs `serve` as a process (serveproc.py) runs the default, workers included.
 BASE = Settings(
-    host="127.0.0.1", grpc_port=0, metrics_port=0, warmup_wait=1.0, shutdown_grace=1.0, target_idle_ttl=600.0
+    host="127.0.0.1",
+    grpc_port=0,
+    metrics_port=0,
+    warmup_wait=1.0,
+    shutdown_grace=1.0,
+    target_idle_ttl=600.0,
+    scrape_workers="0",
 )
 
 

@@ -8,16 +8,23 @@ import time
 
 import pytest
 
+from keda_llm_scaler.addresses import AddressPolicy
 from keda_llm_scaler.scrape import Scraper
+from keda_llm_scaler.workers import ScrapeWorkers
 from tests.payloads import EngineLoad, vllm_v1
 from tests.replicas import Replica, replicas, unused_port
 
 GOOD = vllm_v1([EngineLoad(2, 10, 0.5)])
 
 
-@pytest.fixture
-async def scraper():
-    s = Scraper(max_bytes=256 * 1024)
+@pytest.fixture(params=["in-process", "workers"])
+async def scraper(request: pytest.FixtureRequest):
+    """Every failure mode holds both where `serve` scrapes (worker processes) and in process (`inspect`)."""
+    workers = None
+    if request.param == "workers":
+        workers = ScrapeWorkers(2, max_bytes=256 * 1024, keepalive_budget=64, policy=AddressPolicy())
+        await workers.start()
+    s = Scraper(max_bytes=256 * 1024, workers=workers)
     yield s
     await s.aclose()
 
