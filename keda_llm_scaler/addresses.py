@@ -9,8 +9,8 @@ are all 169.254.169.254 to the C library, and a host name can resolve anywhere, 
   ``inet_aton`` numeric forms as dotted IPv4), and ``refusal`` says why an address or name is refused;
 * ``AddressPolicy`` adds what the operator refuses on top (``--refuse-networks``, e.g. ``loopback``: the
   scaler's own pod) or confines scrapes to (``--allow-networks``, e.g. the pod CIDR), process-wide;
-* ``GuardedBackend`` is the network backend of the scrape client: it resolves the host itself, drops
-  refused addresses and connects to a checked one, so what was checked is what is connected to (no
+* ``GuardedResolver`` is the scrape client's resolver: it resolves the host itself, drops refused
+  addresses and hands the connector only checked ones, so what was checked is what is connected to (no
   time-of-check/time-of-use gap through a DNS answer that changes).
 """
 
@@ -19,16 +19,15 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import Iterable
 from typing import Final
 
-import httpcore
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 __all__ = [
     "NETWORK_ALIASES",
     "REFUSED_NAMES",
     "AddressPolicy",
-    "GuardedBackend",
+    "GuardedResolver",
     "RefusedAddress",
     "normalize_host",
     "parse_networks",
@@ -108,8 +107,8 @@ def set_policy(policy: AddressPolicy) -> AddressPolicy:
     return previous
 
 
-class RefusedAddress(httpcore.ConnectError):
-    """The scrape client refused to connect (a ConnectError, so the scrape reports it as one)."""
+class RefusedAddress(OSError):
+    """The scrape client refused to connect to an address (reported as ``refused_address``)."""
 
 
 def redact(url: str) -> str:
@@ -163,61 +162,43 @@ def refusal(host_or_ip: str) -> str | None:
     return _policy.refusal(ip)
 
 
-class GuardedBackend(httpcore.AsyncNetworkBackend):
-    """Resolve, check, then connect to the checked address."""
+class GuardedResolver(AbstractResolver):
+    """The scrape client's resolver: resolve, drop refused addresses, hand the checked ones to the
+    connector, which connects to exactly those (no second lookup to race). IP literals never reach a
+    resolver in aiohttp: the scraper checks them before the request."""
 
     def __init__(self, resolve_timeout_s: float = 5.0) -> None:
-        self._inner = httpcore.AnyIOBackend()
         self._resolve_timeout_s = resolve_timeout_s
 
-    async def _addresses(self, host: str, port: int, timeout: float | None) -> list[str]:
-        h = normalize_host(host)
-        try:
-            ipaddress.ip_address(h)
-            return [h]
-        except ValueError:
-            pass
-        loop = asyncio.get_running_loop()
-        try:
-            infos = await asyncio.wait_for(
-                loop.getaddrinfo(h, port, type=socket.SOCK_STREAM), timeout or self._resolve_timeout_s
-            )
-        except TimeoutError:
-            raise httpcore.ConnectTimeout(f"resolving {h} timed out") from None
-        except socket.gaierror as exc:
-            raise httpcore.ConnectError(f"resolving {h}: {exc.strerror}") from None
-        return list(dict.fromkeys(str(info[4][0]).split("%", 1)[0] for info in infos))
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
         why = refusal(host)
         if why is not None:
-            raise RefusedAddress(f"refused: {why}")
-        addresses = await self._addresses(host, port, timeout)
-        reasons = {a: refusal(a) for a in addresses}
-        allowed = [a for a, why in reasons.items() if why is None]
+            raise RefusedAddress(why)
+        h = normalize_host(host)
+        try:
+            addresses = [(str(ipaddress.ip_address(h)), socket.AF_INET6 if ":" in h else socket.AF_INET)]
+        except ValueError:
+            loop = asyncio.get_running_loop()
+            try:
+                infos = await asyncio.wait_for(
+                    loop.getaddrinfo(h, port, type=socket.SOCK_STREAM, family=family), self._resolve_timeout_s
+                )
+            except TimeoutError:
+                raise OSError(f"resolving {h} timed out") from None
+            except socket.gaierror as exc:
+                raise OSError(f"resolving {h}: {exc.strerror}") from None
+            addresses = list(dict.fromkeys((str(i[4][0]).split("%", 1)[0], i[0]) for i in infos))
+        reasons = {a: refusal(a) for a, _ in addresses}
+        allowed = [(a, fam) for a, fam in addresses if reasons[a] is None]
         if not allowed:
             first = next(iter(reasons.values()), None)
-            raise RefusedAddress(f"refused: {normalize_host(host)} resolves only to refused addresses ({first})")
-        error: Exception | None = None
-        for address in allowed:
-            try:
-                return await self._inner.connect_tcp(address, port, timeout, local_address, socket_options)
-            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
-                error = exc
-        assert error is not None
-        raise error
+            raise RefusedAddress(f"{h} resolves only to refused addresses ({first})")
+        return [
+            ResolveResult(hostname=host, host=a, port=port, family=fam, proto=0, flags=socket.AI_NUMERICHOST)
+            for a, fam in allowed
+        ]
 
-    async def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None
-    ) -> httpcore.AsyncNetworkStream:
-        raise RefusedAddress("refused: unix sockets are not replicas")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
+    async def close(self) -> None:
+        pass

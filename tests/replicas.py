@@ -28,6 +28,13 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.server.replica.connections += 1
+        self.server.replica.open_connections += 1
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.replica.open_connections -= 1
 
     def log_message(self, *args: object) -> None:  # keep test output clean
         pass
@@ -78,6 +85,7 @@ class Replica:
         self.behaviour = Behaviour(payload=payload)
         self.requests = 0
         self.connections = 0  # TCP connections accepted
+        self.open_connections = 0  # accepted and not yet closed (by either side)
         self._server = _ReplicaHTTPServer((host, port), _Handler)
         self._server.replica = self
         self.host = host

@@ -194,14 +194,17 @@ async def test_keepalive_budget_bounds_open_connections() -> None:
 async def test_replicas_gone_from_the_fleet_lose_their_connections(monkeypatch: pytest.MonkeyPatch) -> None:
     # churn: a replica no longer scraped must not keep a pool and a socket for good
     monkeypatch.setattr("keda_llm_scaler.scrape.URL_IDLE_S", 0.3)
+    monkeypatch.setattr("keda_llm_scaler.scrape.KEEPALIVE_S", 0.3)
     s = Scraper()
     try:
         with replicas(GOOD, GOOD) as (old, new):
             assert (await s.scrape(old.url + "/metrics", timeout=2.0, engine="auto", model=None)).reason is None
-            assert s.pooled_urls == 1
-            await asyncio.sleep(0.6)  # twice the idle limit
-            assert (await s.scrape(new.url + "/metrics", timeout=2.0, engine="auto", model=None)).reason is None
-            assert s.pooled_urls == 1  # only the replica still scraped
+            assert s.kept_alive_origins == 1 and old.open_connections == 1
+            for _ in range(12):  # ~1.2 s of scraping only the new replica, four times the idle limit
+                assert (await s.scrape(new.url + "/metrics", timeout=2.0, engine="auto", model=None)).reason is None
+                await asyncio.sleep(0.1)
+            assert s.kept_alive_origins == 1  # only the replica still scraped
+            assert old.open_connections == 0 and new.open_connections == 1
     finally:
         await s.aclose()
 
