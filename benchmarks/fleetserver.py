@@ -40,6 +40,7 @@ http {{
     listen 127.0.0.1:{port} backlog=4096;
     root {dir};
     location / {{ rewrite ^/r\\d+/metrics$ /metrics.txt break; }}
+    location = /nginx_status {{ stub_status; }}
   }}
 }}
 """
@@ -51,9 +52,26 @@ class Fleet:
     port: int
     pids: list[int]
     _stop: Any
+    root: Path | None = None  # nginx: the directory it serves the payload from
 
     def url(self, i: int) -> str:
         return f"http://127.0.0.1:{self.port}/r{i}/metrics"
+
+    def requests(self) -> int:
+        """Requests nginx has answered since it started (its stub_status counter): scrapes, by anyone."""
+        if self.kind != "nginx":
+            raise RuntimeError("request counts need the nginx fleet")
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/nginx_status", timeout=5) as resp:
+            lines = resp.read().decode().splitlines()
+        return int(lines[2].split()[2]) - 1  # "accepts handled requests"; less this very request
+
+    def swap(self, payload: bytes) -> None:
+        """Every replica serves ``payload`` from the next request on (nginx opens the file per request)."""
+        if self.root is None:
+            raise RuntimeError("swapping payloads needs the nginx fleet")
+        staged = self.root / "metrics.next"
+        staged.write_bytes(payload)
+        os.replace(staged, self.root / "metrics.txt")
 
     def stop(self) -> None:
         self._stop()
@@ -112,4 +130,4 @@ def _start_nginx(nginx: str, payload: bytes) -> Fleet:
         log = (root / "error.log").read_text(errors="replace")[-500:]
         stop()
         raise SystemExit(f"nginx did not serve the fleet: {log}")
-    return Fleet("nginx", port, [proc.pid], stop)
+    return Fleet("nginx", port, [proc.pid], stop, root)

@@ -130,7 +130,7 @@ SETTINGS_HELP: Final[dict[str, str]] = {
     "max_scrape_bytes": "largest /metrics body read from a replica",
     "max_concurrent_scrapes": "replica scrapes in flight at once, all targets together",
     "scrape_workers": "processes that fetch and parse replicas' /metrics: auto (one per CPU the pod may "
-    "use) | a number | 0 (in the scaler process)",
+    "use, at most 4) | a number | 0 (in the scaler process)",
     "kube_api_url": "Kubernetes API URL (default: in-cluster service account, when present)",
     "kube_token_file": "bearer token file for --kube-api-url",
     "kube_ca_file": "CA file for --kube-api-url",

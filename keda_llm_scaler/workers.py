@@ -45,6 +45,9 @@ __all__ = ["WORKER_FAILED", "ScrapeWorkers", "available_cpus", "worker_count"]
 log = structlog.get_logger(__name__)
 
 WORKER_FAILED: Final = "scrape_worker_failed"
+# A pod without a CPU limit sees every core of its node: 64 workers of ~50 MB each would not fit its memory
+# limit, and four already scrape ~1,500 replicas a second (docs/performance.md)
+AUTO_MAX_WORKERS: Final = 4
 READY_WAIT_S: Final = 30.0
 ANSWER_MARGIN_S: Final = 5.0  # a worker that has not answered by the deadline plus this is wedged
 RESTART_BACKOFF_S: Final = (0.0, 0.5, 1.0, 2.0, 5.0)  # consecutive restarts of one worker wait this long
@@ -68,9 +71,10 @@ def available_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
 
 
 def worker_count(setting: str) -> int:
-    """``--scrape-workers``: ``auto`` (one per available CPU), or a number (0: scrape in the scaler process)."""
+    """``--scrape-workers``: ``auto`` (one per available CPU, at most AUTO_MAX_WORKERS), or a number (0: scrape
+    in the scaler process)."""
     if setting.strip().lower() == "auto":
-        return available_cpus()
+        return min(available_cpus(), AUTO_MAX_WORKERS)
     return int(setting)
 
 

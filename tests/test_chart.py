@@ -38,10 +38,10 @@ ALL_ON = {
 }
 
 
-def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def render(values: dict[str, Any] | None = None, release: str = "keda-llm-scaler") -> list[dict[str, Any]]:
     chart = helm_python.Chart.load(str(CHART))
     try:
-        out = chart.render(values or {}, name="keda-llm-scaler", namespace="keda", is_install=True)
+        out = chart.render(values or {}, name=release, namespace="keda", is_install=True)
     finally:
         chart.close()
     docs: list[dict[str, Any]] = []
@@ -212,3 +212,27 @@ def test_the_chart_deploys_the_version_the_package_is() -> None:
     # One version source (pyproject.toml -> package metadata); the chart's appVersion must follow it.
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == __version__ != "0+unknown"
+
+
+def test_two_releases_shard_scaled_objects_without_colliding() -> None:
+    # the scale-out path past one pod (docs/performance.md): a release per group of namespaces, each
+    # ScaledObject's scalerAddress naming its release's Service
+    shards = {
+        "llm-scaler-a": {"rbac": {"namespaces": ["team-a"]}, "scaler": {"scrapeWorkers": "2"}},
+        "llm-scaler-b": {"rbac": {"namespaces": ["team-b", "team-c"]}},
+    }
+    rendered = {release: render(values, release) for release, values in shards.items()}
+    names = [
+        (d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])
+        for docs in rendered.values()
+        for d in docs
+    ]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    for release, docs in rendered.items():
+        (svc,) = by_kind(docs, "Service")
+        assert svc["metadata"]["name"].startswith(release)
+        bound = {d["metadata"]["namespace"] for d in by_kind(docs, "RoleBinding")}
+        assert bound == set(shards[release]["rbac"]["namespaces"])
+    (deploy,) = by_kind(rendered["llm-scaler-a"], "Deployment")
+    env = {e["name"]: e.get("value") for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["LLM_SCALER_SCRAPE_WORKERS"] == "2"
