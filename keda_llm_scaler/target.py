@@ -31,7 +31,7 @@ from keda_llm_scaler.metadata import TriggerConfig
 from keda_llm_scaler.policy import Composite
 from keda_llm_scaler.scrape import Scraper, ScrapeResult
 
-__all__ = ["REPLICA_STATES", "FleetWorker", "ScrapeObserver", "Snapshot", "Target"]
+__all__ = ["REPLICA_STATES", "FleetWorker", "ScrapeObserver", "Snapshot", "Target", "cycle_phase", "next_tick"]
 
 log = structlog.get_logger(__name__)
 
@@ -190,6 +190,19 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
+def cycle_phase(fleet_id: str, interval: float) -> float:
+    """Where in each interval a fleet scrapes, from its id: fleets registered together (a scaler restart,
+    a rollout of many ScaledObjects) spread over the interval instead of scraping in one burst, as
+    Prometheus spreads its targets."""
+    return int(fleet_id[:8], 16) / 16**8 * interval
+
+
+def next_tick(now: float, interval: float, phase: float) -> float:
+    """The next point of the fleet's grid after ``now`` (at most one interval away). A cycle that overran
+    waits for the next point rather than bursting to catch up."""
+    return now + interval - ((now - phase) % interval)
+
+
 class FleetWorker:
     """One fleet's scrape loop, shared by every Target whose trigger scrapes it the same way."""
 
@@ -239,19 +252,17 @@ class FleetWorker:
 
     # -- the loop --------------------------------------------------------------------------------
     async def _run(self) -> None:
-        next_tick = self._clock()
+        interval = self.cfg.scrape_interval
+        phase = cycle_phase(self.id, interval)
         while True:
             try:
-                await self.run_cycle()
+                await self.run_cycle()  # the first at once: a new target's first call is waiting for it
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug must not kill the fleet: log, keep the last snapshots, retry
                 log.exception("scrape_cycle_crashed", target=self.cfg.label, fleet_id=self.id)
-            next_tick += self.cfg.scrape_interval
             now = self._clock()
-            if next_tick < now:  # overran: start again now instead of bursting to catch up
-                next_tick = now
-            await asyncio.sleep(next_tick - now)
+            await asyncio.sleep(next_tick(now, interval, phase) - now)
 
     async def _resolve(self) -> str | None:
         try:

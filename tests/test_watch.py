@@ -5,6 +5,8 @@ read it. Budgets in ``eventually`` are generous: the machine is shared."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import itertools
 import re
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +21,7 @@ from keda_llm_scaler.kube import Informer, KubeClient, KubeConfig
 from keda_llm_scaler.membership import FAILED_TO_START, PENDING, READY, STARTING
 from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
+from keda_llm_scaler.target import cycle_phase, next_tick
 from tests.dnsserver import DnsServer, Zone
 from tests.payloads import EngineLoad, vllm_v1
 from tests.replicas import Replica, replicas, unused_port
@@ -359,3 +362,19 @@ async def test_one_tenants_many_hung_fleets_do_not_starve_another_namespace() ->
     finally:
         for r in hung:
             r.close()
+
+
+def test_fleets_registered_together_spread_their_cycles_over_the_interval() -> None:
+    # before: every fleet ticked from its creation, so 50 ScaledObjects registered in the same second (a
+    # scaler restart) scraped in one burst every interval and ran out of scrape slots together
+    interval, now = 5.0, 1000.0
+    ids = [hashlib.sha256(f"fleet-{i}".encode()).hexdigest()[:8] for i in range(50)]
+    ticks = sorted(next_tick(now, interval, cycle_phase(i, interval)) - now for i in ids)
+    assert all(0 < t <= interval for t in ticks)  # the next cycle within one interval, never later
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert ticks[-1] - ticks[0] > 0.8 * interval and max(gaps) < 0.5 * interval, ticks
+    # each fleet keeps its place: one interval apart, whenever its cycle ends inside the interval
+    phase = cycle_phase(ids[0], interval)
+    first = next_tick(now, interval, phase)
+    assert next_tick(first + 0.3, interval, phase) == pytest.approx(first + interval)
+    assert next_tick(first + 1.7 * interval, interval, phase) == pytest.approx(first + 2 * interval)  # overran
