@@ -62,6 +62,16 @@ def _metric_values(port: int, name: str) -> list[float]:
     return out
 
 
+def _terminate(proc: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within ``grace_s``."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 # -- processes -------------------------------------------------------------------------------------
 @contextmanager
 def scaler(workers: str = "auto", **env: str) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
@@ -86,11 +96,7 @@ def scaler(workers: str = "auto", **env: str) -> Iterator[tuple[subprocess.Popen
                 time.sleep(0.1)
         yield proc, grpc_port, metrics_port
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _terminate(proc)
 
 
 @contextmanager
@@ -130,11 +136,7 @@ def prometheus(fleet: Fleet, paths: list[str], interval: float, timeout: float) 
             raise SystemExit("prometheus did not become ready")
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _terminate(proc)
         shutil.rmtree(work, ignore_errors=True)
 
 
