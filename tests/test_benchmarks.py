@@ -35,7 +35,7 @@ def test_the_quick_runner_measures_every_row_against_its_reference(tmp_path: Pat
     assert got.returncode == 0, got.stderr[-3000:]
     result = json.loads(out.read_text())
     rows = {row["measure"].split(",")[0]: row for row in result["table"]}
-    assert {"CPU per scrape", "one cycle of 200 replicas", "GetMetrics", "parse", "reaction"} <= set(rows), rows
+    assert {"CPU per scrape", "one cycle of 100 replicas", "GetMetrics", "parse", "reaction"} <= set(rows), rows
     assert "MISSED" in got.stdout or "yes" in got.stdout  # the table is printed
     s = result["scrape"]
     # both scraped the same fleet, counted by nginx: about one scrape per replica per interval each
