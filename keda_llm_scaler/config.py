@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from keda_llm_scaler.addresses import AddressPolicy, parse_networks
+from keda_llm_scaler.deletion_cost import parse_scope
 
 __all__ = [
     "ENV_PREFIX",
@@ -65,6 +66,9 @@ class Settings:
     kubeconfig: Path | None = None
     kube_context: str = ""
     shutdown_grace: float = 5.0
+    victim_ranking: str = ""
+    victim_ranking_interval: float = 10.0
+    victim_ranking_burst: int = 16
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -83,6 +87,8 @@ class Settings:
             ("max_scrape_bytes", self.max_scrape_bytes, 1024),
             ("max_concurrent_scrapes", self.max_concurrent_scrapes, 1),
             ("shutdown_grace", self.shutdown_grace, 0.0),
+            ("victim_ranking_interval", self.victim_ranking_interval, 1.0),
+            ("victim_ranking_burst", self.victim_ranking_burst, 1),
         )
         for name, value, low in checks:
             if not (math.isfinite(value) and value >= low):
@@ -92,6 +98,7 @@ class Settings:
             raise ValueError(f"--scrape-workers {self.scrape_workers!r}: accepted: auto | 0-256")
         parse_networks(self.refuse_networks, "--refuse-networks")
         parse_networks(self.allow_networks, "--allow-networks")
+        parse_scope(self.victim_ranking)
         if not _valid_host(self.host):
             raise ValueError(f"--host {self.host!r}: accepted: an IP address or a host name")
 
@@ -137,6 +144,11 @@ SETTINGS_HELP: Final[dict[str, str]] = {
     "kubeconfig": "kubeconfig file for development (token or client-certificate users)",
     "kube_context": "context of --kubeconfig (default: its current-context)",
     "shutdown_grace": "seconds in-flight RPCs get to finish on SIGTERM",
+    "victim_ranking": "write controller.kubernetes.io/pod-deletion-cost on fleets' pods from their load, so "
+    "scale-downs remove the least busy pod: comma-separated namespaces, or * for all (needs patch on pods there); "
+    "empty: off",
+    "victim_ranking_interval": "seconds between two victim-ranking passes of one fleet",
+    "victim_ranking_burst": "most pod-deletion-cost patches in one pass of one fleet",
 }
 
 # Field annotations are strings here (from __future__ import annotations).

@@ -1,4 +1,5 @@
-"""A small read-only Kubernetes API client for discovery.
+"""A small Kubernetes API client for discovery (reads) and victim ranking (one kind of write: a pod's
+deletion-cost annotation, ``patch_pod_annotation``).
 
 Credentials: the in-cluster service account (token + CA, token re-read every minute because projected
 tokens rotate), or a kubeconfig for development (token or client certificate; exec/auth-provider
@@ -34,7 +35,7 @@ import httpx
 
 from keda_llm_scaler.membership import pod_key
 
-__all__ = ["KubeClient", "KubeConfig", "KubeError", "label_selector"]
+__all__ = ["KubeClient", "KubeConfig", "KubeError", "PatchResult", "label_selector"]
 
 SA_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REFRESH_S: Final = 60.0
@@ -53,6 +54,21 @@ class KubeError(Exception):
 
 class Gone(KubeError):
     """410: the resourceVersion is older than the API server keeps: list again."""
+
+
+# The outcome of a write, by what an operator would do about it.
+PATCH_OK: Final = "ok"
+PATCH_FORBIDDEN: Final = "forbidden"  # 401/403: RBAC (patch pods) is missing in that namespace
+PATCH_GONE: Final = "not_found"  # 404: the pod left meanwhile
+PATCH_CONFLICT: Final = "conflict"  # 409: a new pod took the name (the UID precondition failed)
+PATCH_ERROR: Final = "error"  # anything else: transport, 5xx, 429, 422
+
+
+@dataclass(frozen=True, slots=True)
+class PatchResult:
+    outcome: str
+    status: int | None = None
+    message: str = ""
 
 
 class Backoff:
@@ -379,6 +395,33 @@ class KubeClient:
             allow_404=True,
         )
         return data if isinstance(data, dict) else None
+
+    async def patch_pod_annotation(self, namespace: str, name: str, uid: str, key: str, value: str) -> PatchResult:
+        """Set one annotation of one pod (JSON merge patch). With ``uid``, the patch names it as a
+        precondition: a pod that was replaced under the same name (a StatefulSet's) answers 409 instead
+        of getting the old pod's annotation."""
+        self.requests += 1
+        metadata: dict[str, Any] = {"annotations": {key: value}}
+        if uid:
+            metadata["uid"] = uid
+        try:
+            resp = await self._http.patch(
+                f"/api/v1/namespaces/{namespace}/pods/{name}",
+                content=json.dumps({"metadata": metadata}),
+                headers={**self._auth(), "Content-Type": "application/merge-patch+json"},
+            )
+        except (httpx.HTTPError, OSError) as exc:
+            return PatchResult(PATCH_ERROR, None, f"{type(exc).__name__}: {exc}")
+        if resp.status_code == 200:
+            return PatchResult(PATCH_OK, 200)
+        try:
+            message = str(resp.json().get("message", ""))
+        except (ValueError, AttributeError):
+            message = resp.text[:200]
+        outcome = {401: PATCH_FORBIDDEN, 403: PATCH_FORBIDDEN, 404: PATCH_GONE, 409: PATCH_CONFLICT}.get(
+            resp.status_code, PATCH_ERROR
+        )
+        return PatchResult(outcome, resp.status_code, message[:300])
 
     async def aclose(self) -> None:
         for informer in self._informers.values():

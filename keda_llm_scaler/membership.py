@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
@@ -56,6 +56,7 @@ BACKOFF_REASONS: Final = frozenset(
     }
 )
 _FAMILY_PREFERENCE: Final = {"IPv4": 0, "IPv6": 1, "FQDN": 2}
+DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,11 @@ class Member:
     created_at: float | None = None  # epoch seconds
     ready_at: float | None = None
     startup_s: float | None = None  # created -> ready, when it was measured cleanly (no restarts)
+    # the pod behind the member, when discovery knows it (Kubernetes discovery): where its
+    # pod-deletion-cost annotation is written (``keda_llm_scaler.deletion_cost``)
+    pod_namespace: str = ""
+    pod_name: str = ""
+    deletion_cost: int | None = None  # the annotation now (None: absent or not an int32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +214,18 @@ class NotReadyClock:
             del self._since[key]
 
 
+def _deletion_cost(meta: Mapping[str, Any]) -> int | None:
+    annotations = meta.get("annotations")
+    raw = annotations.get(DELETION_COST) if isinstance(annotations, Mapping) else None
+    if not isinstance(raw, str):
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        return None
+    return value if -(2**31) <= value < 2**31 else None  # the ReplicaSet reads it as an int32
+
+
 def _member_from_pod(pod: Mapping[str, Any], key: str, now: float, budget_s: float, url: str | None) -> Member:
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     phase, reason = pod_phase(pod, now, budget_s)
@@ -223,6 +241,9 @@ def _member_from_pod(pod: Mapping[str, Any], key: str, now: float, budget_s: flo
         created_at=parse_time(meta.get("creationTimestamp")),
         ready_at=ready_at,
         startup_s=clean_startup(pod),
+        pod_namespace=str(meta.get("namespace") or ""),
+        pod_name=str(meta.get("name") or ""),
+        deletion_cost=_deletion_cost(meta),
     )
 
 
@@ -239,6 +260,7 @@ def from_endpointslices(
     """Members of a Service from its EndpointSlices, phases from its pods (``pods``: by pod key; may be
     empty when the Service has no selector). ``refuse(address) -> bool`` applies the address policy."""
     chosen: dict[str, tuple[int, str, int, Mapping[str, Any]]] = {}  # key -> (family rank, address, port, ep)
+    refs: dict[str, tuple[str, str]] = {}  # key -> the pod's (namespace, name), from the targetRef
     order: list[str] = []
     for item in slices:
         family = str(item.get("addressType") or "")
@@ -255,7 +277,10 @@ def from_endpointslices(
                 continue  # on its way out: neither capacity nor coming
             addresses = [a for a in endpoint.get("addresses") or [] if isinstance(a, str)]
             ref = endpoint.get("targetRef") or {}
-            key = pod_key(ref, str(ref.get("namespace") or "")) if ref.get("kind", "Pod") == "Pod" else None
+            is_pod = ref.get("kind", "Pod") == "Pod"
+            key = pod_key(ref, str(ref.get("namespace") or "")) if is_pod else None
+            if key is not None and ref.get("name"):
+                refs[key] = (str(ref.get("namespace") or ""), str(ref["name"]))
             key = key or (addresses[0] if addresses else None)
             if key is None or not addresses:
                 continue
@@ -284,10 +309,11 @@ def from_endpointslices(
             member = _member_from_pod(pod, key, now, budget_s, url)
             if url is not None and member.phase != READY:
                 # the endpoint controller says ready (it is the authority on serving): trust it
-                member = Member(key, READY, url, "", member.created_at, member.ready_at, member.startup_s)
+                member = replace(member, phase=READY, url=url, reason="")
             members.append(member)
         elif url is not None:
-            members.append(Member(key, READY, url))
+            namespace, name = refs.get(key, ("", ""))
+            members.append(Member(key, READY, url, pod_namespace=namespace, pod_name=name))
         else:
             age = not_ready.age(key, now)
             phase = FAILED_TO_START if age > budget_s else STARTING

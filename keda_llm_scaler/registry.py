@@ -17,7 +17,7 @@ from keda_llm_scaler.kube import KubeClient
 from keda_llm_scaler.loops import ScrapeLoop
 from keda_llm_scaler.metadata import TriggerConfig, metadata_hints, parse_trigger
 from keda_llm_scaler.scrape import Scraper
-from keda_llm_scaler.target import FleetWorker, ScrapeObserver, Target
+from keda_llm_scaler.target import CycleObserver, FleetWorker, ScrapeObserver, Target
 
 __all__ = ["TargetRegistry", "TooManyTargets"]
 
@@ -52,8 +52,10 @@ class TargetRegistry:
         allow_cross_namespace: bool = False,
         clock: Callable[[], float] = time.monotonic,
         scrape_loop: ScrapeLoop | None = None,
+        ranker: CycleObserver | None = None,
     ) -> None:
         self._scraper = scraper
+        self._ranker = ranker  # victim ranking (--victim-ranking), told of every fleet's cycles
         # where fleets scrape (a thread of its own in `serve`); the scraper and the Kubernetes client live there
         self._scrape_loop = scrape_loop or ScrapeLoop(threaded=False)
         self._kube = kube
@@ -104,7 +106,13 @@ class TargetRegistry:
             if worker is None:
                 resolver = make_resolver(cfg.discovery, self._kube, cfg.name)
                 worker = FleetWorker(
-                    cfg, resolver, self._scraper, self._observer, clock=self._clock, scrape_loop=self._scrape_loop
+                    cfg,
+                    resolver,
+                    self._scraper,
+                    self._observer,
+                    clock=self._clock,
+                    scrape_loop=self._scrape_loop,
+                    ranker=self._ranker,
                 )
                 self._fleets[cfg.fleet_key] = worker
             target = Target(cfg, worker, clock=self._clock)

@@ -21,7 +21,8 @@ from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_llm_scaler.addresses import set_policy
 from keda_llm_scaler.config import Settings, address_policy, describe
-from keda_llm_scaler.kube import KubeClient, KubeConfig
+from keda_llm_scaler.deletion_cost import VictimRanker, parse_scope
+from keda_llm_scaler.kube import KubeClient, KubeConfig, KubeError
 from keda_llm_scaler.loops import ScrapeLoop
 from keda_llm_scaler.registry import TargetRegistry
 from keda_llm_scaler.scrape import Scraper
@@ -139,9 +140,26 @@ class ScalerServer:
         )
         self.metrics = ScalerMetrics(lambda: self.registry.targets(), workers=self.workers)
         self.scrape_loop = ScrapeLoop(threaded=True)  # scrape work off the loop that answers KEDA
+        kube = _kube_client(settings)
+        self.ranker: VictimRanker | None = None
+        scope = parse_scope(settings.victim_ranking)
+        if scope.enabled:
+            if kube is None:
+                raise KubeError(
+                    "--victim-ranking writes pod annotations through the Kubernetes API, and this scaler has "
+                    "no access to it (no in-cluster service account, --kubeconfig or --kube-api-url)"
+                )
+            self.ranker = VictimRanker(
+                kube,
+                scope,
+                interval_s=settings.victim_ranking_interval,
+                burst=settings.victim_ranking_burst,
+                registry=self.metrics.registry,
+            )
         self.registry = TargetRegistry(
             self.scraper,
-            kube=_kube_client(settings),
+            kube=kube,
+            ranker=self.ranker,
             observer=self.metrics,
             idle_ttl_s=settings.target_idle_ttl,
             max_targets=settings.max_targets,

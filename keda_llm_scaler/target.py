@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,7 +24,16 @@ import structlog
 from keda_llm_scaler.addresses import redact
 from keda_llm_scaler.discovery import DiscoveryError, Resolver
 from keda_llm_scaler.errors import NoFreshData
-from keda_llm_scaler.fleet import EXPIRED, FRESH, REPLICA_STATES, STALE, Evaluation, FleetState, Observation
+from keda_llm_scaler.fleet import (
+    EXPIRED,
+    FRESH,
+    REPLICA_STATES,
+    STALE,
+    Evaluation,
+    FleetState,
+    Observation,
+    ReplicaReport,
+)
 from keda_llm_scaler.loops import ScrapeLoop, Spawned
 from keda_llm_scaler.membership import FAILED_TO_START, PENDING, Membership
 from keda_llm_scaler.metadata import TriggerConfig
@@ -38,6 +47,22 @@ log = structlog.get_logger(__name__)
 
 class ScrapeObserver(Protocol):
     def scrape_done(self, cfg: TriggerConfig, result: ScrapeResult) -> None: ...
+
+
+class CycleObserver(Protocol):
+    """Told of every scored cycle (victim ranking, ``keda_llm_scaler.deletion_cost``); must not block."""
+
+    def consider(
+        self,
+        fleet_id: str,
+        namespace: str,
+        label: str,
+        membership: Membership,
+        reports: Sequence[ReplicaReport],
+        composites: Iterable[tuple[float | None, float]],
+    ) -> object: ...
+
+    def forget(self, fleet_id: str) -> None: ...
 
 
 # Arrival history kept per fleet: the longest demandWindow (3600 s) with its 1.2x trend window.
@@ -214,6 +239,7 @@ class FleetWorker:
         observer: ScrapeObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
         scrape_loop: ScrapeLoop | None = None,
+        ranker: CycleObserver | None = None,
     ) -> None:
         self.cfg = cfg  # the first trigger's: discovery, engine, model, interval and timeout are shared
         self.key = cfg.fleet_key
@@ -233,6 +259,7 @@ class FleetWorker:
         self.scrapes = 0  # replica scrapes made (one per ready replica per cycle, whatever the views)
         self._scrape_loop = scrape_loop or ScrapeLoop(threaded=False)
         self._task: Spawned[asyncio.Task[None]] | None = None
+        self._ranker = ranker
 
     # -- lifecycle -------------------------------------------------------------------------------
     def attach(self, view: Target) -> None:
@@ -249,6 +276,13 @@ class FleetWorker:
         task, self._task = self._task, None
         if task is not None:
             await self._scrape_loop.cancel(task)
+        if self._ranker is not None:
+            ranker, fleet_id = self._ranker, self.id
+
+            async def forget() -> None:  # on the scrape loop, where the ranking tasks live
+                ranker.forget(fleet_id)
+
+            await self._scrape_loop.run(forget())
 
     # -- the loop --------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -340,8 +374,22 @@ class FleetWorker:
             evaluation = self._fleet.evaluate(now, starting, v.scoring, v.stale_after)
             return Snapshot(now, time.time(), self._cycle, evaluation, discovery_error, cycle_s, starting, membership)
 
-        self._publish(snapshot)
+        pairs = self._publish(snapshot)
+        if self._ranker is not None and pairs:
+            try:
+                self._ranker.consider(
+                    self.id,
+                    cfg.namespace,
+                    cfg.label,
+                    membership,
+                    pairs[0][1].evaluation.replicas,  # the same replicas in every view; the composites differ
+                    [(s.composite.value if s.composite else None, view.cfg.target_value) for view, s in pairs],
+                )
+            except Exception:  # ranking is an extra: a bug in it must not cost the fleet its scoring
+                log.exception("victim_ranking_crashed", target=cfg.label, fleet_id=self.id)
 
-    def _publish(self, snapshot: Callable[[Target], Snapshot]) -> None:
-        publish_together([(view, snapshot(view)) for view in list(self.views.values())])
+    def _publish(self, snapshot: Callable[[Target], Snapshot]) -> list[tuple[Target, Snapshot]]:
+        pairs = [(view, snapshot(view)) for view in list(self.views.values())]
+        publish_together(pairs)
         self._cycle += 1
+        return pairs

@@ -29,6 +29,7 @@ ALL_ON = {
     "replicaCount": 2,
     "tls": {"enabled": True, "secretName": "scaler-tls", "requireClientCert": True},
     "rbac": {"namespaces": ["serving", "batch"]},
+    "victimRanking": {"namespaces": ["serving"]},
     "networkPolicy": {"enabled": True},
     "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
     "prometheusRule": {"enabled": True},
@@ -87,7 +88,8 @@ def test_everything_on_renders_every_piece() -> None:
     docs = render(ALL_ON)
     kinds = {d["kind"] for d in docs}
     assert {"PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "PrometheusRule", "ConfigMap"} <= kinds
-    assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["batch", "serving"]
+    # read access where ScaledObjects are served, and the victim-ranking writer where it is enabled
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["batch", "serving", "serving"]
     cm = by_kind(docs, "ConfigMap")[0]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert '"title": "keda-llm-scaler"' in cm["data"]["keda-llm-scaler.json"]
@@ -151,6 +153,25 @@ def test_rbac_is_read_only_and_least_privilege() -> None:
     assert not by_kind(render(), "ClusterRole")  # namespaced unless asked
     assert by_kind(render({"rbac": {"clusterWide": True}}), "ClusterRoleBinding")
     assert not by_kind(render({"rbac": {"create": False}}), "Role")
+
+
+def test_victim_ranking_grants_patch_on_pods_only_where_it_is_enabled() -> None:
+    docs = render({"victimRanking": {"namespaces": ["serving"]}, "rbac": {"namespaces": ["serving", "batch"]}})
+    writers = [r for r in by_kind(docs, "Role") if any("patch" in rule["verbs"] for rule in r["rules"])]
+    assert [r["metadata"]["namespace"] for r in writers] == ["serving"]  # not batch, though it is read
+    assert writers[0]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+    bindings = [b for b in by_kind(docs, "RoleBinding") if b["roleRef"]["name"] == writers[0]["metadata"]["name"]]
+    assert [b["metadata"]["namespace"] for b in bindings] == ["serving"]
+    env = {
+        e["name"]: e.get("value")
+        for e in by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["LLM_SCALER_VICTIM_RANKING"] == "serving"
+    assert env["LLM_SCALER_VICTIM_RANKING_INTERVAL"] == "10" and env["LLM_SCALER_VICTIM_RANKING_BURST"] == "16"
+    off = render()  # the default: no writes anywhere, and no flag
+    assert not [r for r in by_kind(off, "Role") if any("patch" in rule["verbs"] for rule in r["rules"])]
+    container = by_kind(off, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert "LLM_SCALER_VICTIM_RANKING" not in {e["name"] for e in container["env"]}
 
 
 def test_values_are_documented_and_the_readme_is_generated() -> None:

@@ -50,6 +50,11 @@ class FakeKube:
     pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # namespace -> Pod objects
     selectors: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # Service -> spec.selector
     bookmark_every_s: float = 2.0
+    # pod PATCH (the deletion-cost annotation): a status to answer instead (403: no RBAC), a delay, and
+    # every patch applied, as (namespace, name, annotations)
+    patch_status: int = 0
+    patch_delay_s: float = 0.0
+    patches: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     # resource versions and the event history (guarded by _lock)
     rv: int = 100
     compacted_rv: int = 0
@@ -99,6 +104,29 @@ class FakeKube:
                 gone["metadata"]["resourceVersion"] = str(self.rv)
                 self.history.append((self.rv, "DELETED", key[0], gone))
             return self.rv
+
+    def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """A JSON merge patch of a declared pod's metadata.annotations, as the API server applies it: the
+        UID in the patch, when there is one, is a precondition (409 when it differs)."""
+        meta_patch = patch.get("metadata") or {}
+        with self._lock:
+            pod = next((p for p in self.pods.get(namespace, []) if (p.get("metadata") or {}).get("name") == name), None)
+            if pod is None:
+                return 404, _status(404, "NotFound", f'pods "{name}" not found')
+            meta = pod.setdefault("metadata", {})
+            uid = meta.get("uid") or f"uid-{namespace}-{name}"
+            if meta_patch.get("uid") and meta_patch["uid"] != uid:
+                message = f"Precondition failed: UID in precondition: {meta_patch['uid']}, UID in object meta: {uid}"
+                return 409, _status(409, "Conflict", message)
+            annotations = dict(meta.get("annotations") or {})
+            for key, value in (meta_patch.get("annotations") or {}).items():
+                if value is None:
+                    annotations.pop(key, None)
+                else:
+                    annotations[key] = value
+            meta["annotations"] = annotations
+            self.patches.append((namespace, name, dict(meta_patch.get("annotations") or {})))
+            return 200, {"kind": "Pod", "apiVersion": "v1", **pod}
 
     def compact(self) -> None:
         """Forget the history (etcd compaction): watches from older versions get 410 Gone."""
@@ -281,6 +309,38 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(404, _status(404, "NotFound", f'{parts[5]}.apps "{parts[6]}" not found'))
             return self._send(200, workload)
         return self._send(404, _status(404, "NotFound", "the server could not find the requested resource"))
+
+    def do_PATCH(self) -> None:
+        kube = self.server.kube
+        url = urlsplit(self.path)
+        kube.requests.append(f"PATCH {self.path}")
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if kube.patch_delay_s:
+            time.sleep(kube.patch_delay_s)
+        if self.headers.get("Authorization") != f"Bearer {kube.token}":
+            return self._send(401, _status(401, "Unauthorized", "Unauthorized"))
+        parts = url.path.strip("/").split("/")
+        if not (parts[:2] == ["api", "v1"] and len(parts) == 6 and parts[4] == "pods"):
+            return self._send(405, _status(405, "MethodNotAllowed", "the server does not allow this method"))
+        namespace, name = parts[3], parts[5]
+        if kube.patch_status:
+            message = (
+                f'pods "{name}" is forbidden: User "system:serviceaccount:keda:keda-llm-scaler" cannot patch '
+                f'resource "pods" in API group "" in the namespace "{namespace}"'
+            )
+            reason = {403: "Forbidden", 429: "TooManyRequests"}.get(kube.patch_status, "InternalError")
+            return self._send(kube.patch_status, _status(kube.patch_status, reason, message))
+        if self.headers.get("Content-Type") != "application/merge-patch+json":
+            return self._send(
+                415, _status(415, "UnsupportedMediaType", "the body of the request was in an unknown format")
+            )
+        try:
+            patch = json.loads(raw)
+        except ValueError:
+            return self._send(400, _status(400, "BadRequest", "invalid JSON"))
+        code, body = kube.patch_pod(namespace, name, patch if isinstance(patch, dict) else {})
+        return self._send(code, body)
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))

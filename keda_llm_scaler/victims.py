@@ -1,0 +1,126 @@
+"""Which pod a scale-down should remove: each pod's deletion cost from its scraped load. Pure: no I/O.
+
+The ReplicaSet controller removes, among ready pods, the one with the lowest
+``controller.kubernetes.io/pod-deletion-cost`` first (before its own tie-breaks: pods doubled up on a
+node, then the most recently ready, by log2 bucket, then at random). Left to itself it picks pods
+semi-randomly, often one holding dozens of live streams. This module turns what the scaler scraped into
+that cost, so the least busy pod goes first:
+
+    cost = LEVEL_STEP x level(requests held) + kv_step(KV in use)
+
+* ``level`` of the requests a pod holds (running + waiting: both are cut, or must finish, if it goes):
+  0 for none, then geometric steps of 25 % (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 19 ... requests), so a pod
+  whose load wobbles by a request or two keeps its cost, and its annotation is not rewritten.
+* ``kv_step``: KV-cache use in tenths, the tie-break between pods holding about as many requests: the one
+  with less context in flight loses fewer tokens.
+* A pod without a fresh reading gets ``UNKNOWN_COST``: missing data is never idle, so it is never the
+  first choice (the ReplicaSet already removes pods that are not ready before any ready one).
+
+The cost is a level, not a rank among the fleet's pods: one pod's change never shifts the others', so a
+pass rewrites only the pods whose own level moved.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "ANNOTATION",
+    "DEFAULT_BURST",
+    "DEFAULT_INTERVAL_S",
+    "LEVEL_STEP",
+    "UNKNOWN_COST",
+    "CostChange",
+    "PodLoad",
+    "deletion_cost",
+    "effective",
+    "level",
+    "parse_cost",
+    "plan",
+    "scale_down_plausible",
+]
+
+ANNOTATION: Final = "controller.kubernetes.io/pod-deletion-cost"
+LEVEL_STEP: Final = 100  # room for the KV tie-break (0-10) inside one level
+LEVEL_RATIO: Final = 1.25
+UNKNOWN_COST: Final = 1_000_000  # above any level a pod can reach (level 60 is ~ 650,000 requests)
+INT32_MAX: Final = 2**31 - 1  # the annotation must parse as an int32
+# Rate limits per fleet: a pass at most this often (the HPA acts every 15 s; fresher costs are not read)
+# and at most this many patches in one pass (the next victims first, see ``plan``).
+DEFAULT_INTERVAL_S: Final = 10.0
+DEFAULT_BURST: Final = 16
+
+
+def level(requests: float) -> int:
+    """0 for an idle pod; then one step per 25 % more requests held."""
+    if not math.isfinite(requests) or requests <= 0:
+        return 0
+    return 1 + int(math.log(max(requests, 1.0)) / math.log(LEVEL_RATIO) + 1e-9)
+
+
+def deletion_cost(running: float | None, waiting: float | None, kv_usage: float | None) -> int:
+    """The cost of a pod with this reading (``None`` anywhere: no reading, ``UNKNOWN_COST``)."""
+    if running is None or waiting is None:
+        return UNKNOWN_COST
+    kv = kv_usage if kv_usage is not None and math.isfinite(kv_usage) else 0.0
+    kv_step = min(10, max(0, int(kv * 10 + 1e-9)))
+    return min(UNKNOWN_COST, LEVEL_STEP * level(max(0.0, running) + max(0.0, waiting)) + kv_step)
+
+
+@dataclass(frozen=True, slots=True)
+class PodLoad:
+    """One pod of a fleet as the ranker sees it: who it is, what its annotation says, what it holds."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+    current: int | None = None  # the pod's annotation now (None: absent or not an int32; reads as 0)
+    running: float | None = None  # None: no fresh reading
+    waiting: float | None = None
+    kv_usage: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CostChange:
+    pod: PodLoad
+    cost: int
+
+
+def parse_cost(raw: object) -> int | None:
+    """The annotation's value as the ReplicaSet reads it (an int32), else None (it then counts as 0)."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        return None
+    return value if -(2**31) <= value <= INT32_MAX else None
+
+
+def effective(current: int | None) -> int:
+    """What the ReplicaSet reads: an absent or invalid annotation counts as 0."""
+    return 0 if current is None else current
+
+
+def scale_down_plausible(composites: Iterable[float | None], targets: Iterable[float], replicas: int) -> bool:
+    """Whether the HPA may shrink the fleet soon: every trigger's composite, in replicas at its target, is
+    below the replicas there are (the HPA takes the largest of its metrics). No reading: not plausible."""
+    pairs = list(zip(composites, targets, strict=True))
+    if replicas <= 0 or not pairs:
+        return False
+    return all(c is not None and c / t < replicas for c, t in pairs)
+
+
+def plan(pods: Sequence[PodLoad], limit: int) -> list[CostChange]:
+    """The annotations to write: pods whose cost differs from their annotation, at most ``limit``.
+
+    Over the limit, the pods the ReplicaSet would remove next go first: those whose cost is lowest now or
+    after the change (an idle pod marked busy, or a busy pod marked idle, decides the next victim)."""
+    changes = [
+        CostChange(p, c) for p in pods if (c := deletion_cost(p.running, p.waiting, p.kv_usage)) != effective(p.current)
+    ]
+    changes.sort(key=lambda ch: (min(ch.cost, effective(ch.pod.current)), ch.pod.namespace, ch.pod.name))
+    return changes[: max(0, limit)]
