@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULTS",
     "KNOWN_KEYS",
     "METRIC_NAME",
+    "WORKLOAD_CLASSES",
     "Discovery",
     "TriggerConfig",
     "check_address",
@@ -34,6 +35,11 @@ __all__ = [
 ]
 
 METRIC_NAME: Final = "llm_composite"
+# How IsActive treats an idle fleet (``target.activity``): interactive never reports inactive while the
+# fleet has members; batch does as soon as nothing is in flight or queued.
+INTERACTIVE: Final = "interactive"
+BATCH: Final = "batch"
+WORKLOAD_CLASSES: Final = (INTERACTIVE, BATCH)
 
 DEFAULTS: Final[dict[str, float | str]] = {
     "engine": "auto",
@@ -49,6 +55,7 @@ DEFAULTS: Final[dict[str, float | str]] = {
     "scrapeInterval": 5.0,
     "scrapeTimeout": 2.0,
     "scheme": "http",
+    "workloadClass": INTERACTIVE,
 }
 DISCOVERY_KEYS: Final = ("endpoints", "dnsName", "service")
 KNOWN_KEYS: Final = frozenset(
@@ -73,6 +80,7 @@ KNOWN_KEYS: Final = frozenset(
         "ttftSloSeconds",
         "ttftSloQuantile",
         "demandWindow",
+        "workloadClass",
     }
 )
 # Keys KEDA itself reads and forwards: never worth a hint.
@@ -125,6 +133,7 @@ class TriggerConfig:
     scrape_interval: float
     scrape_timeout: float
     stale_after: float
+    workload_class: str = INTERACTIVE  # a view parameter (in ``key``, not in ``fleet_key``)
 
     @property
     def key(self) -> tuple[object, ...]:
@@ -141,6 +150,7 @@ class TriggerConfig:
             self.scrape_interval,
             self.scrape_timeout,
             self.stale_after,
+            self.workload_class,
         )
 
     @property
@@ -352,6 +362,7 @@ def parse_trigger(
         scrape_interval=interval,
         scrape_timeout=timeout,
         stale_after=stale_after,
+        workload_class=_choice(meta, "workloadClass", WORKLOAD_CLASSES),
     )
 
 

@@ -20,6 +20,7 @@ import structlog
 
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_llm_scaler.activity import target_active
 from keda_llm_scaler.errors import BadMetadata, NoFreshData, ScalerError, UnknownMetric
 from keda_llm_scaler.metadata import METRIC_NAME, TriggerConfig
 from keda_llm_scaler.policy import Composite
@@ -125,7 +126,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         cfg = self._registry.config_for(ref.namespace, ref.name, dict(ref.scalerMetadata))
         return cfg, self._registry.ensure(cfg)
 
-    async def _answer(self, target: Target, context: grpc.aio.ServicerContext[Any, Any]) -> Composite:
+    async def _warm(self, target: Target, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         if target.snapshot is None:
             # Only a brand-new target's first call may wait, briefly and inside the caller's deadline,
             # for the first scrape cycle; every later call answers from memory at once.
@@ -134,6 +135,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 self._warmup_wait_s if remaining is None else min(self._warmup_wait_s, remaining - _DEADLINE_MARGIN_S)
             )
             await target.wait_first(budget)
+
+    async def _answer(self, target: Target, context: grpc.aio.ServicerContext[Any, Any]) -> Composite:
+        await self._warm(target, context)
         return target.current()[1]
 
     # -- RPCs ------------------------------------------------------------------------------------
@@ -172,14 +176,15 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     async def IsActive(
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.IsActiveResponse:
-        cfg, target = self._target(request)
-        comp = await self._answer(target, context)
-        return pb.IsActiveResponse(result=comp.active(cfg.activation_threshold))
+        _, target = self._target(request)
+        await self._warm(target, context)
+        return pb.IsActiveResponse(result=target_active(target))  # workloadClass: keda_llm_scaler.activity
 
     async def StreamIsActive(
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.IsActiveResponse]:
-        """The current state once it is known, then `true` only on inactive->active transitions.
+        """The current state once it is known, then `true` only on inactive->active transitions (the state
+        is IsActive's, ``keda_llm_scaler.activity``: an interactive fleet with members is always active).
 
         Repeated `true` would push KEDA's cooldown forward and delay scale-to-zero; `false` is ignored
         by KEDA >= 2.18 and could deactivate a ScaledObject on older releases, so only the first
@@ -187,7 +192,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         ends with OK, which makes KEDA reconnect after 2 s instead of backing off.
         """
         try:
-            cfg, target = self._target(request)
+            _, target = self._target(request)
         except ScalerError as exc:
             await context.abort(status_for(exc), str(exc))
             return
@@ -200,7 +205,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 # sets this very event, so the loop cannot sleep through it until the next one
                 updated = target.update_event()
                 try:
-                    active: bool | None = target.current()[1].active(cfg.activation_threshold)
+                    active: bool | None = target_active(target)
                 except NoFreshData:
                     active = None
                 if active is not None:

@@ -20,6 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from keda_llm_scaler import __version__
+from keda_llm_scaler.activity import target_active
+from keda_llm_scaler.errors import NoFreshData
 from keda_llm_scaler.fleet import REPLICA_STATES
 from keda_llm_scaler.membership import PHASES
 from keda_llm_scaler.metadata import TriggerConfig
@@ -77,7 +79,12 @@ class _TargetCollector(Collector):
         )
         reason = family("decision_reason", "1 for the term that dominates the composite", ("reason",))
         up = family("target_up", "1 when GetMetrics answers with a value, 0 when it answers UNAVAILABLE")
-        active = family("active", "1 when IsActive is true (composite > activationThreshold)")
+        active = family(
+            "active",
+            "IsActive's answer: 1 active, 0 inactive, absent while it is UNAVAILABLE. interactive (the default "
+            "workloadClass): 1 while the fleet has members in any phase; batch, or no member: composite > "
+            "activationThreshold",
+        )
         waiting = family("waiting_requests", "Requests waiting, summed over replicas with data")
         running = family("running_requests", "Requests running, summed over replicas with data")
         kv = family("kv_usage_ratio", "Mean KV-cache usage (0-1) over replicas with data")
@@ -123,6 +130,8 @@ class _TargetCollector(Collector):
             labels = [t.cfg.namespace, t.cfg.name, t.id]
             snap = t.snapshot
             up.add_metric(labels, 1.0 if t.is_fresh() else 0.0)
+            with contextlib.suppress(NoFreshData):  # no answer: no sample, never a 0
+                active.add_metric(labels, 1.0 if target_active(t) else 0.0)
             if snap is None:
                 continue
             age.add_metric(labels, now - snap.taken_at)
@@ -135,7 +144,6 @@ class _TargetCollector(Collector):
             if snap.composite is not None:
                 c = snap.composite
                 composite.add_metric(labels, c.value)
-                active.add_metric(labels, 1.0 if c.active(t.cfg.activation_threshold) else 0.0)
                 for name, maybe_term in (
                     ("load", c.load),
                     ("queue", c.queue),

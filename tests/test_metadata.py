@@ -64,6 +64,8 @@ def test_endpoints_normalised_sorted_deduplicated() -> None:
         ({"scrapeTimeout": "10"}, "scrapeTimeout"),
         ({"metricsPath": "metrics"}, "metricsPath"),
         ({"staleAfter": "1"}, "staleAfter"),
+        ({"workloadClass": "realtime"}, "workloadClass"),
+        ({"workloadClass": "batch,interactive"}, "workloadClass"),
     ],
 )
 def test_bad_values_name_the_key_and_accepted_values(extra: dict[str, str], key: str) -> None:
@@ -71,6 +73,19 @@ def test_bad_values_name_the_key_and_accepted_values(extra: dict[str, str], key:
         parse(extra)
     assert err.value.key == key
     assert f"metadata key {key!r}" in str(err.value) and "accepted:" in str(err.value)
+
+
+def test_workload_class_is_a_view_parameter() -> None:
+    assert parse().workload_class == "interactive"  # the default: never inactive while replicas exist
+    assert parse({"workloadClass": ""}).workload_class == "interactive"
+    assert parse({"workloadClass": " Batch "}).workload_class == "batch"
+    batch, interactive = parse({"workloadClass": "batch"}), parse({"workloadClass": "interactive"})
+    assert interactive.key == parse().key  # the default spelled out is the same target
+    # two triggers differing only by class are two targets on one fleet (one scrape loop)
+    assert batch.key != interactive.key and batch.fleet_key == interactive.fleet_key
+    with pytest.raises(BadMetadata) as err:
+        parse({"workloadClass": "realtime"})
+    assert str(err.value).endswith("accepted: interactive | batch")
 
 
 def test_no_discovery_key_is_zero_config_and_two_are_refused() -> None:

@@ -237,7 +237,9 @@ async def test_e_rejects_push_above_replica_count(channel: grpc.aio.Channel) -> 
 async def test_f_failed_replica_keeps_last_value_then_counts_at_target(channel: grpc.aio.Channel) -> None:
     low = vllm_v1([EngineLoad(0, 5, 0.17)])  # 0.2 replica-equivalents
     with replicas(low, low) as fleet:
-        keda = KedaEmulator(channel, "llm", "serving", meta(*(r.url for r in fleet)))
+        # batch: IsActive follows the composite (interactive answers true while replicas exist:
+        # tests/test_workload_class.py)
+        keda = KedaEmulator(channel, "llm", "serving", meta(*(r.url for r in fleet), workloadClass="batch"))
         assert await wait_value(keda, lambda v: True) == pytest.approx(0.4)
         fleet[1].set(status=500)
         await asyncio.sleep(0.8)  # failed, inside staleAfter (1.5 s): last good value kept
@@ -312,7 +314,8 @@ async def test_c14_deadlines(channel: grpc.aio.Channel) -> None:
 
 async def test_c15_c16_is_active_agrees_with_get_metrics(channel: grpc.aio.Channel) -> None:
     with replicas(IDLE) as (r,):
-        keda = KedaEmulator(channel, "llm", "serving", meta(r.url, activationThreshold="0.5"))
+        # batch: an idle fleet with replicas is inactive (interactive ones stay active while they have members)
+        keda = KedaEmulator(channel, "llm", "serving", meta(r.url, activationThreshold="0.5", workloadClass="batch"))
         obs = await keda.poll()
         assert (obs.value, obs.active) == (0.0, False)
         r.set(payload=vllm_v1([EngineLoad(0, 3, 0.34)]))  # 0.4: above 0, below the threshold
@@ -384,7 +387,7 @@ class Stream:
 
 async def test_c17_c18_stream_sends_state_then_only_transitions(channel: grpc.aio.Channel) -> None:
     with replicas(IDLE) as (r,):
-        keda = KedaEmulator(channel, "llm", "serving", meta(r.url))
+        keda = KedaEmulator(channel, "llm", "serving", meta(r.url, workloadClass="batch"))  # idle -> inactive
         stream = Stream(keda.stub.StreamIsActive(keda.ref))
         start = time.perf_counter()
         first = await stream.next(2.0)
@@ -404,7 +407,8 @@ async def test_c17_c18_stream_sends_state_then_only_transitions(channel: grpc.ai
 
 
 async def test_stream_never_sends_false_for_missing_data(channel: grpc.aio.Channel) -> None:
-    keda = KedaEmulator(channel, "llm", "serving", meta(f"http://127.0.0.1:{unused_port()}"))
+    # batch: an interactive fleet with a listed replica would be active (tests/test_workload_class.py)
+    keda = KedaEmulator(channel, "llm", "serving", meta(f"http://127.0.0.1:{unused_port()}", workloadClass="batch"))
     stream = Stream(keda.stub.StreamIsActive(keda.ref))
     assert await stream.next(2.0) is None
     assert not stream.call.done()  # still open: silent, not ended and not an error
@@ -566,7 +570,8 @@ async def test_garbage_from_an_idle_looking_replica_is_never_zero(
 ) -> None:
     # before: KV +Inf or -0.5 on an idle replica read as 0.0 and IsActive false (scale to zero on garbage)
     with replicas(_with_gauge(IDLE, family, value)) as (r,):
-        keda = KedaEmulator(channel, "garbage", "serving", meta(r.url))
+        # batch, where IsActive follows the composite (interactive: true while the replica is listed)
+        keda = KedaEmulator(channel, "garbage", "serving", meta(r.url, workloadClass="batch"))
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await keda.poll()
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # KEDA applies its fallback
