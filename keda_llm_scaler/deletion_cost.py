@@ -4,8 +4,8 @@ scraped load, so a scale-down removes the least busy pod (``--victim-ranking``, 
 The costs are ``keda_llm_scaler.victims``'; this module decides when to write them and writes them:
 
 * only in the namespaces the operator enabled (the chart grants ``patch pods`` there and nowhere else);
-* only while a scale-down is plausible (every trigger's composite below the ready replicas): at other
-  times the ReplicaSet removes nothing, and writes would cost the API server for nothing;
+* only while a scale-down is plausible (every trigger's composite asks for fewer replicas than are
+  ready): at other times the ReplicaSet removes nothing, and writes would cost the API server for nothing;
 * only pods whose cost differs from their annotation (as the pods informer last saw it, else as this
   process last wrote it), at most ``burst`` per pass and one pass per ``interval_s`` per fleet;
 * in a task of its own: scoring never waits for the API server. A pass still writing when the next is

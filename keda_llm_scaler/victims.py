@@ -106,12 +106,15 @@ def effective(current: int | None) -> int:
 
 
 def scale_down_plausible(composites: Iterable[float | None], targets: Iterable[float], replicas: int) -> bool:
-    """Whether the HPA may shrink the fleet soon: every trigger's composite, in replicas at its target, is
-    below the replicas there are (the HPA takes the largest of its metrics). No reading: not plausible."""
+    """Whether the HPA may shrink the fleet now: for every trigger, the replicas its composite asks for at
+    its target (``ceil(composite / targetValue)``, the HPA's AverageValue rule) are fewer than the ready
+    ones (the HPA takes the largest of its metrics). A scale-down only ever happens at such a moment, so
+    costs written while this holds are fresh when the ReplicaSet reads them; a composite of 7.3 on 8
+    pods asks for 8 and removes none. No reading: not plausible."""
     pairs = list(zip(composites, targets, strict=True))
     if replicas <= 0 or not pairs:
         return False
-    return all(c is not None and c / t < replicas for c, t in pairs)
+    return all(c is not None and math.ceil(round(c / t, 6)) < replicas for c, t in pairs)
 
 
 def plan(pods: Sequence[PodLoad], limit: int) -> list[CostChange]:

@@ -81,8 +81,9 @@ def test_plan_writes_only_changes_and_the_next_victims_first() -> None:
 
 
 def test_scale_down_is_plausible_only_below_the_ready_replicas_for_every_trigger() -> None:
-    assert scale_down_plausible([2.4], [1.0], 4)
+    assert scale_down_plausible([2.4], [1.0], 4) and scale_down_plausible([3.0], [1.0], 4)
     assert not scale_down_plausible([4.0], [1.0], 4)  # at the ready count: nothing to remove
+    assert not scale_down_plausible([3.2], [1.0], 4)  # asks for ceil(3.2) = 4: the HPA removes none
     assert not scale_down_plausible([2.4, 5.0], [1.0, 1.0], 4)  # the HPA takes the largest metric
     assert scale_down_plausible([6.0], [2.0], 4)  # in replicas at the trigger's targetValue
     assert not scale_down_plausible([None], [1.0], 4)  # no reading: no decision
@@ -363,7 +364,7 @@ async def test_a_replaced_pod_is_not_given_its_predecessors_cost(api: tuple[Fake
     try:
         member = Member("uid-old", READY, "http://10.0.1.1:8000/metrics", pod_namespace="serving", pod_name="web-0")
         report = ReplicaReport(member.url or "", FRESH, None, "", 0.0, _signals(40), None, None, None)
-        task = ranker.consider("f", "serving", "serving/llm", Membership((member,)), [report], [(0.5, 1.0)])
+        task = ranker.consider("f", "serving", "serving/llm", Membership((member,)), [report], [(0.0, 1.0)])
         assert task is not None
         await task
         assert state.patches == []  # 409: the UID precondition kept the old pod's cost off the new one
