@@ -16,8 +16,11 @@ that cost, so the least busy pod goes first:
 * A pod without a fresh reading gets ``UNKNOWN_COST``: missing data is never idle, so it is never the
   first choice (the ReplicaSet already removes pods that are not ready before any ready one).
 
-The cost is a level, not a rank among the fleet's pods: one pod's change never shifts the others', so a
-pass rewrites only the pods whose own level moved.
+The cost is a level, not a rank among the fleet's pods: one pod's change never shifts the others'. A pass
+rewrites a pod only when its level moved by ``LEVEL_HYSTERESIS`` or more (about 1.5x or 0.65x the
+requests it held when written), or into or out of ``UNKNOWN_COST``: behind an inference gateway every pod
+holds about as much as the others, and their KV tenths and single levels wobble with every scrape; the
+first simulator runs rewrote each pod every few passes for no change in the choice.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "ANNOTATION",
     "DEFAULT_BURST",
     "DEFAULT_INTERVAL_S",
+    "LEVEL_HYSTERESIS",
     "LEVEL_STEP",
     "UNKNOWN_COST",
     "CostChange",
@@ -38,6 +42,7 @@ __all__ = [
     "deletion_cost",
     "effective",
     "level",
+    "needs_write",
     "parse_cost",
     "plan",
     "scale_down_plausible",
@@ -46,6 +51,7 @@ __all__ = [
 ANNOTATION: Final = "controller.kubernetes.io/pod-deletion-cost"
 LEVEL_STEP: Final = 100  # room for the KV tie-break (0-10) inside one level
 LEVEL_RATIO: Final = 1.25
+LEVEL_HYSTERESIS: Final = 2  # levels a pod's load must move before its annotation is rewritten
 UNKNOWN_COST: Final = 1_000_000  # above any level a pod can reach (level 60 is ~ 650,000 requests)
 INT32_MAX: Final = 2**31 - 1  # the annotation must parse as an int32
 # Rate limits per fleet: a pass at most this often (the HPA acts every 15 s; fresher costs are not read)
@@ -105,6 +111,16 @@ def effective(current: int | None) -> int:
     return 0 if current is None else current
 
 
+def needs_write(current: int | None, cost: int) -> bool:
+    """Whether a pod annotated ``current`` must be rewritten to ``cost`` (see ``LEVEL_HYSTERESIS``)."""
+    now = effective(current)
+    if cost == now:
+        return False
+    if cost >= UNKNOWN_COST or now >= UNKNOWN_COST or now < 0:
+        return True  # into or out of "no reading", or a value not ours (negative): always
+    return abs(cost // LEVEL_STEP - now // LEVEL_STEP) >= LEVEL_HYSTERESIS
+
+
 def scale_down_plausible(composites: Iterable[float | None], targets: Iterable[float], replicas: int) -> bool:
     """Whether the HPA may shrink the fleet now: for every trigger, the replicas its composite asks for at
     its target (``ceil(composite / targetValue)``, the HPA's AverageValue rule) are fewer than the ready
@@ -118,12 +134,13 @@ def scale_down_plausible(composites: Iterable[float | None], targets: Iterable[f
 
 
 def plan(pods: Sequence[PodLoad], limit: int) -> list[CostChange]:
-    """The annotations to write: pods whose cost differs from their annotation, at most ``limit``.
+    """The annotations to write: pods whose cost moved away from their annotation (``needs_write``), at
+    most ``limit``.
 
     Over the limit, the pods the ReplicaSet would remove next go first: those whose cost is lowest now or
     after the change (an idle pod marked busy, or a busy pod marked idle, decides the next victim)."""
     changes = [
-        CostChange(p, c) for p in pods if (c := deletion_cost(p.running, p.waiting, p.kv_usage)) != effective(p.current)
+        CostChange(p, c) for p in pods if needs_write(p.current, c := deletion_cost(p.running, p.waiting, p.kv_usage))
     ]
     changes.sort(key=lambda ch: (min(ch.cost, effective(ch.pod.current)), ch.pod.namespace, ch.pod.name))
     return changes[: max(0, limit)]

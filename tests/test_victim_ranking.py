@@ -28,6 +28,7 @@ from keda_llm_scaler.victims import (
     PodLoad,
     deletion_cost,
     level,
+    needs_write,
     parse_cost,
     plan,
     scale_down_plausible,
@@ -73,11 +74,24 @@ def test_plan_writes_only_changes_and_the_next_victims_first() -> None:
         PodLoad("ns", "busy-marked-idle", current=0, running=40, waiting=0, kv_usage=0.6),
         PodLoad("ns", "idle-marked-busy", current=1605, running=0, waiting=0, kv_usage=0.0),
         PodLoad("ns", "grew", current=deletion_cost(4, 0, 0.1), running=12, waiting=0, kv_usage=0.3),
+        # behind a gateway pods wobble by a level and a KV tenth every scrape: not rewritten for that
+        PodLoad("ns", "wobbles", current=deletion_cost(30, 0, 0.5), running=37, waiting=0, kv_usage=0.8),
     ]
     changes = plan(pods, limit=16)
     assert [c.pod.name for c in changes] == ["busy-marked-idle", "idle-marked-busy", "grew"]
     assert [c.pod.name for c in plan(pods, limit=2)] == ["busy-marked-idle", "idle-marked-busy"]
     assert plan(pods, limit=0) == []
+
+
+def test_a_pod_is_rewritten_only_when_its_level_moved_two_steps_or_its_reading_came_or_went() -> None:
+    thirty = deletion_cost(30, 0, 0.5)
+    assert not needs_write(thirty, deletion_cost(37, 0, 0.9))  # one level up
+    assert needs_write(thirty, deletion_cost(47, 0, 0.5))  # two levels: ~1.5x the requests
+    assert needs_write(thirty, deletion_cost(19, 0, 0.5))  # two levels down
+    assert needs_write(thirty, UNKNOWN_COST) and needs_write(UNKNOWN_COST, thirty)
+    assert not needs_write(None, 0) and not needs_write(None, deletion_cost(1, 0, 0.0))
+    assert needs_write(None, deletion_cost(2, 0, 0.0))  # absent reads 0: two requests are worth saying
+    assert needs_write(-5, 0)  # somebody else's value: ours replaces it
 
 
 def test_scale_down_is_plausible_only_below_the_ready_replicas_for_every_trigger() -> None:
