@@ -16,10 +16,35 @@ Routing (``routing``), per request at its arrival:
 Least-loaded needs each pod's state at the moment of arrival, so arrivals are routed in slices of
 ``route_quantum_s`` with the pods advanced to each slice first; the other two do not look at state.
 
-Scale-down picks victims as a ReplicaSet does: pods without a node, then not-ready pods, then the
-newest; a victim stops receiving traffic at once (it leaves the Service endpoints), finishes what it
-holds for up to ``grace_s`` (terminationGracePeriodSeconds), and whatever is still in flight then is
-cut. A pod holds its GPUs, and is billed, from creation (node provisioning included) until it is gone.
+Scale-down picks victims as a ReplicaSet does (``ActivePodsWithRanks.Less`` in Kubernetes'
+``controller_utils.go``, with LogarithmicScaleDown, GA since 1.31), the first of these that differs:
+
+1. a pod without a node (still provisioning) before one with a node;
+2. (phase, Pending before Running: not modelled apart from 1 and 3);
+3. a pod not ready (STARTING) before a ready one;
+4. the lower ``controller.kubernetes.io/pod-deletion-cost`` (absent or invalid: 0);
+5. (pods doubled up on a node: not modelled, each pod has its own node);
+6. between ready pods whose ready times differ: the ready duration's log2 bucket,
+   ``int(log2(nanoseconds since ready))``, younger bucket first; in the same bucket, by pod UID;
+7. (container restarts: none here);
+8. creation times that differ: the same log2 bucket of the age, then the UID. Pods alike in all of
+   that are unordered in Kubernetes (the informer's listing order decides); here the UID decides too.
+
+Timestamps are compared as the API stores them, in whole seconds (``metav1.Time`` drops the rest); the
+present moment has nanoseconds. Each pod gets a random UID at creation, from an RNG of its own (seeded
+from ``seed``: the cold start and routing streams do not move), so ties fall at random but the same way
+for the same seed.
+
+``victims`` says who writes the cost: ``random`` (the default) is the ReplicaSet's own semi-random choice,
+nobody annotates pods, every cost reads 0, so the youngest log2 bucket loses a pod picked by UID, often one
+holding live streams; ``ranked`` reads the costs in ``Pod.annotations``, which the scaler's victim ranker
+keeps current from the scraped load (``keda_llm_scaler.sim.ranker``), so the least busy pod goes first.
+
+A victim stops receiving traffic at once (it leaves the Service endpoints), finishes what it holds for up
+to ``grace_s`` (terminationGracePeriodSeconds), and whatever is still in flight then is cut. Each
+``scale_to`` that removes pods is one ``ScaleDown`` in ``scale_downs``; the streams cut on a victim and
+their tokens are counted on the event that chose it. A pod holds its GPUs, and is billed, from creation
+(node provisioning included) until it is gone.
 
 Finished requests are handed to the caller through ``finished`` (drain it after each ``advance``):
 the fleet keeps no per-request history.
@@ -28,9 +53,11 @@ the fleet keeps no per-request history.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 import random
+import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,14 +65,29 @@ from typing import Final
 
 from keda_llm_scaler.sim.profiles import Profile
 from keda_llm_scaler.sim.replica import Request, SimReplica
+from keda_llm_scaler.victims import ANNOTATION, effective, parse_cost
 
-__all__ = ["DRAINING", "READY", "ROUTINGS", "STARTING", "Fleet", "Pod", "lognormal_params"]
+__all__ = [
+    "DRAINING",
+    "READY",
+    "ROUTINGS",
+    "STARTING",
+    "VICTIMS",
+    "Fleet",
+    "Pod",
+    "ScaleDown",
+    "log2_bucket",
+    "lognormal_params",
+    "replicaset_less",
+]
 
 STARTING: Final = "starting"
 READY: Final = "ready"
 DRAINING: Final = "draining"
 GONE: Final = "gone"
 ROUTINGS: Final = ("least-loaded", "round-robin", "random")
+VICTIMS: Final = ("random", "ranked")
+_NS: Final = 1_000_000_000
 _Z90: Final = 1.2815515655446004
 
 
@@ -68,6 +110,18 @@ class Node:
 
 
 @dataclass
+class ScaleDown:
+    """One ``scale_to`` that removed pods, and what it cost the users."""
+
+    at: float
+    removed: int = 0  # ready pods sent to drain
+    idle: int = 0  # of those, holding no request when chosen
+    not_ready: int = 0  # starting pods deleted at once (they hold nothing)
+    streams_cut: int = 0  # requests still on this event's victims when their grace ran out
+    tokens_lost: int = 0
+
+
+@dataclass
 class Pod:
     name: str
     replica: SimReplica
@@ -79,9 +133,44 @@ class Pod:
     state: str = STARTING
     drain_deadline: float = math.inf
     gone_at: float | None = None
+    uid: str = ""
+    annotations: dict[str, str] = field(default_factory=dict)
+    scale_down: ScaleDown | None = None  # the event that chose it as a victim
 
     def provisioning(self, now: float) -> bool:
         return self.state == STARTING and self.node_at > now
+
+    @property
+    def deletion_cost(self) -> int:
+        """The pod-deletion-cost as the ReplicaSet reads it (absent or not an int32: 0)."""
+        return effective(parse_cost(self.annotations.get(ANNOTATION)))
+
+
+def log2_bucket(since_s: float, now: float) -> int:
+    """Kubernetes' ``logarithmicRankDiff`` rank of a timestamp: ``int(log2(ns from it to now))``, -1 when
+    not in the past. The timestamp is whole seconds (as the API stores it), ``now`` has nanoseconds."""
+    d = round(now * _NS) - math.floor(since_s + 1e-9) * _NS
+    return int(math.log2(d)) if d > 0 else -1
+
+
+def replicaset_less(a: Pod, b: Pod, now: float, *, costs: bool = True) -> bool:
+    """``ActivePodsWithRanks.Less``: whether the ReplicaSet removes ``a`` before ``b`` (module docstring).
+    ``costs=False``: every pod-deletion-cost reads 0 (nobody annotates)."""
+    a_node, b_node = not a.provisioning(now), not b.provisioning(now)
+    if a_node != b_node:
+        return not a_node
+    a_ready, b_ready = a.state == READY, b.state == READY
+    if a_ready != b_ready:
+        return not a_ready
+    if costs and (ca := a.deletion_cost) != (cb := b.deletion_cost):
+        return ca < cb
+    if a_ready and b_ready and math.floor(a.ready_at + 1e-9) != math.floor(b.ready_at + 1e-9):
+        diff = log2_bucket(a.ready_at, now) - log2_bucket(b.ready_at, now)
+        return a.uid < b.uid if diff == 0 else diff < 0
+    if math.floor(a.created + 1e-9) != math.floor(b.created + 1e-9):
+        diff = log2_bucket(a.created, now) - log2_bucket(b.created, now)
+        return a.uid < b.uid if diff == 0 else diff < 0
+    return a.uid < b.uid  # Kubernetes: unordered (the informer's listing decides)
 
 
 @dataclass
@@ -97,10 +186,12 @@ class Fleet:
     warm_nodes: int | None = None  # None: a node is always there
     node_provision_s: float = 0.0
     node_idle_s: float = 600.0
+    victims: str = "random"  # random: nobody writes pod-deletion-cost; ranked: Pod.annotations hold it
     pods: list[Pod] = field(default_factory=list)
     finished: list[Request] = field(default_factory=list)
     streams_cut: int = 0
     tokens_lost: int = 0  # output tokens generated for cut requests (the user saw a truncated answer)
+    scale_downs: list[ScaleDown] = field(default_factory=list)
     gpu_seconds: float = 0.0
     _backlog: deque[Request] = field(default_factory=deque)  # arrivals while no pod is ready (router holds them)
     _rr: int = 0
@@ -109,8 +200,11 @@ class Fleet:
     def __post_init__(self) -> None:
         if self.routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, not {self.routing!r}")
+        if self.victims not in VICTIMS:
+            raise ValueError(f"victims must be one of {', '.join(VICTIMS)}, not {self.victims!r}")
         self._rng = random.Random(self.seed)
         self._route_rng = random.Random(self.seed + 7919)
+        self._uid_rng = random.Random(f"pod-uid:{self.seed}")  # its own stream: cold starts and routing keep theirs
         self._mu, self._sigma = (
             lognormal_params(self.cold_start_mean_s, self.cold_start_p90_s)
             if self.cold_start_mean_s > 0
@@ -204,6 +298,7 @@ class Fleet:
             cold_s=delay,
             node=node,
             state=READY if ready else STARTING,
+            uid=str(uuid.UUID(int=self._uid_rng.getrandbits(128), version=4)),
         )
         self.pods.append(pod)
         self._live.append(pod)
@@ -211,29 +306,51 @@ class Fleet:
             self._ready.append(pod)
         return pod
 
-    def scale_to(self, n: int, now: float) -> None:
+    def victim_order(self, now: float) -> list[Pod]:
+        """The starting and ready pods in the order the ReplicaSet would remove them."""
+        costs = self.victims == "ranked"
+
+        def cmp(a: Pod, b: Pod) -> int:
+            if replicaset_less(a, b, now, costs=costs):
+                return -1
+            return 1 if replicaset_less(b, a, now, costs=costs) else 0
+
+        return sorted((p for p in self._live if p.state in (STARTING, READY)), key=functools.cmp_to_key(cmp))
+
+    def scale_to(self, n: int, now: float) -> ScaleDown | None:
+        """Scale the Deployment to ``n`` pods; a scale-down returns its event (also in ``scale_downs``)."""
         current = self.spec_replicas
         for _ in range(n - current):
             self.add(now)
-        if n < current:
-            # ReplicaSet victim order: unscheduled, then not ready, then the most recently created
-            candidates = sorted(
-                (p for p in self._live if p.state in (STARTING, READY)),
-                key=lambda p: (not p.provisioning(now), p.state == READY, -p.created),
-            )
-            for pod in candidates[: current - n]:
-                if pod.state == STARTING:
-                    self._gone(pod, now)
-                else:
-                    pod.state = DRAINING
-                    pod.drain_deadline = now + self.grace_s
-                    self._ready.remove(pod)
+        if n >= current:
+            return None
+        event = ScaleDown(now)
+        self.scale_downs.append(event)
+        for pod in self.victim_order(now)[: current - n]:
+            pod.scale_down = event
+            if pod.state == STARTING:
+                event.not_ready += 1
+                self._gone(pod, now)
+            else:
+                event.removed += 1
+                event.idle += pod.replica.in_flight() == 0
+                if self.grace_s <= 0:
+                    self._gone(pod, now)  # no drain: SIGTERM cuts what it holds at once
+                    continue
+                pod.state = DRAINING
+                pod.drain_deadline = now + self.grace_s
+                self._ready.remove(pod)
+        return event
 
     def _gone(self, pod: Pod, now: float) -> None:
         cut = pod.replica.cut_all(now)
         self.finished.extend(cut)
         self.streams_cut += len(cut)
-        self.tokens_lost += sum(r.generated for r in cut)
+        lost = sum(r.generated for r in cut)
+        self.tokens_lost += lost
+        if pod.scale_down is not None:
+            pod.scale_down.streams_cut += len(cut)
+            pod.scale_down.tokens_lost += lost
         if pod.state == READY:
             self._ready.remove(pod)
         pod.state = GONE

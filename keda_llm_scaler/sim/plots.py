@@ -3,7 +3,8 @@
 `plot_run` draws one replay as stacked panels sharing the time axis (load, replicas, the policy's raw metric when it
 is not already in replica units, TTFT p95 against the SLO); `plot_pareto` draws GPU-hours against SLO attainment for
 a sweep, one line per policy through its knob values. Both tolerate missing keys: a series that is absent (or None
-throughout) is simply not drawn, so older timelines keep working.
+throughout) is simply not drawn, so older timelines keep working. `plot_victims` compares scale-down victim choices
+(random vs ranked): streams cut and tokens lost per scale-down, per workload and grace period.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from matplotlib.text import Text
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, MultipleLocator, NullFormatter
 from matplotlib.transforms import Bbox, IdentityTransform
 
-__all__ = ["plot_pareto", "plot_run"]
+__all__ = ["plot_pareto", "plot_run", "plot_victims"]
 
 COLORS = {
     "composite": "#d62728",
@@ -657,3 +658,65 @@ def _place_labels(
         ):
             if _place(ax, text, (xs[i], ys[i]), placed, avoid, offsets, remove=last):
                 break
+
+
+VICTIM_COLORS = {"random": "#7f7f7f", "ranked": "#d62728"}
+
+
+def plot_victims(path: Path, groups: Sequence[dict[str, Any]], title: str) -> None:
+    """Grouped bars, one group per (workload, grace), one bar per victims mode: the mean over seeds of streams
+    cut per scale-down (top) and tokens lost per scale-down (bottom), whiskers from the lowest to the highest
+    seed. ``groups``: dicts with ``label`` and, per mode, ``{mode: {"cut": [..per seed], "tokens": [..]}}``
+    under ``runs``."""
+    modes = [m for m in VICTIM_COLORS if any(m in g["runs"] for g in groups)]
+    fig, axes = plt.subplots(2, 1, figsize=(11, 8), dpi=_DPI, layout="constrained", sharex=True)
+    fig.suptitle(title, fontsize=11, x=0.01, ha="left")
+    width = 0.8 / max(1, len(modes))
+    for ax, key, ylabel in (
+        (axes[0], "cut", "streams cut per scale-down"),
+        (axes[1], "tokens", "output tokens lost per scale-down"),
+    ):
+        top = 0.0
+        for k, mode in enumerate(modes):
+            xs, means, lo, hi, tops = [], [], [], [], []
+            for i, g in enumerate(groups):
+                values = g["runs"].get(mode, {}).get(key) or []
+                if not values:
+                    continue
+                mean = sum(values) / len(values)
+                xs.append(i + (k - (len(modes) - 1) / 2) * width)
+                means.append(mean)
+                lo.append(mean - min(values))
+                hi.append(max(values) - mean)
+                tops.append(max(values))
+                top = max(top, max(values))
+            bars = ax.bar(xs, means, width * 0.92, color=VICTIM_COLORS[mode], label=f"victims {mode}")
+            ax.errorbar(xs, means, yerr=[lo, hi], fmt="none", ecolor="#222222", elinewidth=1, capsize=3)
+            for bar, mean, above in zip(bars, means, tops, strict=True):
+                ax.annotate(
+                    f"{mean:.1f}" if key == "cut" else f"{mean:,.0f}",
+                    (bar.get_x() + bar.get_width() / 2, above),  # above the whisker
+                    xytext=(0, 3),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=9,
+                )
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(0, max(1.0, top) * 1.18)
+        ax.grid(alpha=0.3, axis="y")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=key == "cut"))
+    axes[0].legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=len(modes), fontsize=9, frameon=False)
+    axes[1].set_xticks(range(len(groups)))
+    axes[1].set_xticklabels([g["label"] for g in groups], fontsize=9)
+    axes[1].annotate(
+        "bars: mean over seeds; whiskers: lowest to highest seed",
+        (1.0, -0.16),
+        xycoords="axes fraction",
+        ha="right",
+        va="top",
+        fontsize=8,
+        color="#555555",
+    )
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)

@@ -13,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from keda_llm_scaler.sim.fleet import ROUTINGS
+from keda_llm_scaler.sim.fleet import ROUTINGS, VICTIMS
 from keda_llm_scaler.sim.hpa import BEHAVIORS
 from keda_llm_scaler.sim.policies import POLICIES
 from keda_llm_scaler.sim.profiles import PROFILES
@@ -85,6 +85,15 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
         choices=ROUTINGS,
         help="least-loaded: an inference gateway (fewest in flight); random: a ClusterIP Service; "
         "round-robin: IPVS rr / a plain proxy (default least-loaded)",
+    )
+    f.add_argument(
+        "--victims",
+        default="random",
+        choices=VICTIMS,
+        help="which pods a scale-down removes. random: the ReplicaSet's own choice (youngest by log2 "
+        "bucket of ready time, then by pod UID: semi-random, often a pod with live streams); ranked: the "
+        "scaler keeps each pod's pod-deletion-cost current from its load (a pass per 10 s while a "
+        "scale-down is plausible, at most 16 writes), so the least busy pod goes first (default random)",
     )
     f.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO in seconds (default 2)")
     f.add_argument(
@@ -188,6 +197,7 @@ def _config(args: argparse.Namespace, policy: str, knob: float | None) -> RunCon
         max_queue=args.max_queue,
         hpa_behavior=args.hpa_behavior,
         routing=args.routing,
+        victims=args.victims,
         warm_nodes=args.warm_nodes,
         node_provision_s=args.node_provision_s,
         seed=args.seed,
@@ -283,7 +293,11 @@ def _one(args: argparse.Namespace) -> int:
             f"SLO attainment {s['slo_attainment']:.2%} (TTFT <= {s['slo_ttft_s']:g}s), TTFT p95 "
             f"{s['ttft_p95_s']:.2f}s, {s['gpu_hours']:.1f} GPU-h, replicas mean {s['mean_replicas']:.1f} "
             f"max {s['max_replicas']}, {s['scale_events']} scale events, {s['streams_cut']} streams cut "
-            f"({s['routing']} routing)"
+            f"({s['routing']} routing); {s['victims']} victims: {s['scale_down_events']} scale-downs removed "
+            f"{s['victims_removed']} ready pods ({s['victims_idle']} idle), streams cut per scale-down "
+            f"{s['streams_cut_per_scale_down']:.2f} mean / {s['streams_cut_max_per_scale_down']} max, "
+            f"{s['tokens_lost']} tokens lost ({s['tokens_lost_per_scale_down']:.0f} per scale-down), "
+            f"{s['deletion_cost_writes']} deletion-cost writes"
         )
     return 0
 
@@ -436,7 +450,8 @@ def describe_setup(args: argparse.Namespace, workload: Workload) -> str:
     )
     scale = f" x{args.rate_scale:g}" if args.rate_scale != 1 else ""
     return (
-        f"{workload.name}{scale} on {args.profile}, {args.routing} routing, cold start {cold} s{nodes}, "
+        f"{workload.name}{scale} on {args.profile}, {args.routing} routing, {args.victims} victims, "
+        f"cold start {cold} s{nodes}, "
         f"TTFT SLO {args.slo_ttft:g} s, HPA behavior '{args.hpa_behavior}'"
     )
 

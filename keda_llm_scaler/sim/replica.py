@@ -405,7 +405,11 @@ class SimReplica:
 
     # -- shutdown --------------------------------------------------------------------------------
     def cut_all(self, now: float) -> list[Request]:
-        """The pod is killed: every request still here is cut."""
+        """The pod is killed: every request still here is cut, with the tokens it got so far (decoding
+        requests advance in closed form and count their tokens only when they finish or are preempted)."""
+        for step, _, r in self._heap:
+            if r.state == DECODE and r.finish_step == step:
+                r.generated = min(r.output, r.gen_base + (self.step_no - r.decode_start))
         cut = [*self._pending, *self.waiting, *self.prefilling, *(r for _, _, r in self._heap if r.state == DECODE)]
         seen: set[int] = set()
         out = []

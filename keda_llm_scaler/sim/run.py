@@ -16,11 +16,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-from keda_llm_scaler.sim.fleet import DRAINING, READY, STARTING, Fleet
+from keda_llm_scaler.sim.fleet import DRAINING, READY, STARTING, Fleet, ScaleDown
 from keda_llm_scaler.sim.hpa import BEHAVIORS, Hpa
 from keda_llm_scaler.sim.oracle import oracle_schedule
 from keda_llm_scaler.sim.policies import OraclePolicy, Policy, make_policy
 from keda_llm_scaler.sim.profiles import PROFILES, Profile
+from keda_llm_scaler.sim.ranker import Ranker
 from keda_llm_scaler.sim.replica import REJECTED, Request, SimReplica
 from keda_llm_scaler.sim.trace import TraceRequest
 from keda_llm_scaler.sim.workload import TraceWorkload, Workload
@@ -33,6 +34,7 @@ __all__ = [
     "capacity_at_slo",
     "idle_ttfts",
     "percentile",
+    "scale_down_summary",
     "simulate",
 ]
 
@@ -61,6 +63,7 @@ class RunConfig:
     hpa_sync_s: float = 15.0
     hpa_behavior: str = "default"  # a key of BEHAVIORS; kaito keeps its own ±1 policies
     routing: str = "least-loaded"
+    victims: str = "random"  # scale-down victims: random (the ReplicaSet alone) or ranked (pod-deletion-cost)
     warm_nodes: int | None = None  # None: every pod finds a node at once
     node_provision_s: float = 0.0
     seed: int = 0
@@ -310,7 +313,9 @@ def simulate(
         routing=cfg.routing,
         warm_nodes=None if oracle else cfg.warm_nodes,
         node_provision_s=cfg.node_provision_s,
+        victims=cfg.victims,
     )
+    ranker = Ranker() if cfg.victims == "ranked" else None
     if cfg.policy != "kaito":
         policy.behavior = BEHAVIORS[cfg.hpa_behavior]
     hpa = Hpa(cfg.min_replicas, cfg.max_replicas, policy.behavior)
@@ -355,6 +360,8 @@ def simulate(
         replica_seconds += len(fleet.live()) * (t_next - t)
         t = t_next
         policy.observe(t, fleet)
+        if ranker is not None:
+            ranker.observe(t, fleet, policy.demand_replicas)
         desired = fleet.spec_replicas
         fixed = policy.fixed_replicas(t)
         if fixed is not None:
@@ -432,6 +439,7 @@ def simulate(
         "scale_downs": scale_downs,
         "streams_cut": fleet.streams_cut,
         "tokens_lost": fleet.tokens_lost,
+        **scale_down_summary(fleet.scale_downs, cfg.victims, ranker),
         "preemptions": sum(p.replica.preemptions_total for p in fleet.pods),
         "capacity_rps": cap,
         "cold_start_s": cold_mean,
@@ -440,6 +448,25 @@ def simulate(
         "config": {k: v for k, v in asdict(cfg).items() if k != "keep_requests"},
     }
     return RunResult(summary, timeline, acc.kept or [])
+
+
+def scale_down_summary(events: Sequence[ScaleDown], victims: str, ranker: Ranker | None) -> dict[str, Any]:
+    """What the scale-downs cost: per event (a ``scale_to`` that removed pods), the streams cut on its
+    victims and their tokens; and the annotations the victim ranker wrote."""
+    n = len(events)
+    cut = sum(e.streams_cut for e in events)
+    lost = sum(e.tokens_lost for e in events)
+    return {
+        "victims": victims,
+        "scale_down_events": n,
+        "victims_removed": sum(e.removed for e in events),
+        "victims_idle": sum(e.idle for e in events),
+        "streams_cut_per_scale_down": cut / n if n else 0.0,
+        "streams_cut_max_per_scale_down": max((e.streams_cut for e in events), default=0),
+        "tokens_lost_per_scale_down": lost / n if n else 0.0,
+        "deletion_cost_writes": ranker.writes if ranker is not None else 0,
+        "deletion_cost_passes": ranker.passes if ranker is not None else 0,
+    }
 
 
 def _take_until(requests: Iterator[TraceRequest], t_end: float) -> Iterator[TraceRequest]:
