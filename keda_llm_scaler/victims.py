@@ -6,21 +6,24 @@ node, then the most recently ready, by log2 bucket, then at random). Left to its
 semi-randomly, often one holding dozens of live streams. This module turns what the scaler scraped into
 that cost, so the least busy pod goes first:
 
-    cost = LEVEL_STEP x level(requests held) + kv_step(KV in use)
+    cost = LEVEL_STEP x (level(requests held) - the fleet's median level) + kv_step(KV in use)
 
 * ``level`` of the requests a pod holds (running + waiting: both are cut, or must finish, if it goes):
-  0 for none, then geometric steps of 25 % (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 19 ... requests), so a pod
-  whose load wobbles by a request or two keeps its cost, and its annotation is not rewritten.
+  0 for none, then geometric steps of 25 % (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 19 ... requests).
+* It is written relative to the fleet's median level (the lower median of the pods holding requests): the
+  ReplicaSet only compares pods, so what matters is each pod's place among the others. Behind an inference
+  gateway a bursty load moves every pod's level together by two or three steps within seconds (the
+  conversation hour x12 swings 36 -> 72 -> 33 in flight per pod); absolute levels rewrote the whole fleet
+  at every swing (~650 patches an hour on 8 pods) while their order hardly moved.
 * ``kv_step``: KV-cache use in tenths, the tie-break between pods holding about as many requests: the one
   with less context in flight loses fewer tokens.
+* A pod holding nothing gets ``IDLE_COST``: it goes first, and stays marked so however the others move.
 * A pod without a fresh reading gets ``UNKNOWN_COST``: missing data is never idle, so it is never the
   first choice (the ReplicaSet already removes pods that are not ready before any ready one).
 
-The cost is a level, not a rank among the fleet's pods: one pod's change never shifts the others'. A pass
-rewrites a pod only when its level moved by ``LEVEL_HYSTERESIS`` or more (about 1.5x or 0.65x the
-requests it held when written), or into or out of ``UNKNOWN_COST``: behind an inference gateway every pod
-holds about as much as the others, and their KV tenths and single levels wobble with every scrape; the
-first simulator runs rewrote each pod every few passes for no change in the choice.
+A pass rewrites a pod only when its relative level moved by ``LEVEL_HYSTERESIS`` or more (it now holds
+about 1.5x, or 0.65x, what it held against the others when written), or into or out of ``IDLE_COST`` or
+``UNKNOWN_COST``. A pod whose load wobbles by a request or two, or whose KV tenth changes, keeps its annotation.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ __all__ = [
     "ANNOTATION",
     "DEFAULT_BURST",
     "DEFAULT_INTERVAL_S",
+    "IDLE_COST",
     "LEVEL_HYSTERESIS",
     "LEVEL_STEP",
     "UNKNOWN_COST",
@@ -41,6 +45,7 @@ __all__ = [
     "PodLoad",
     "deletion_cost",
     "effective",
+    "fleet_costs",
     "level",
     "needs_write",
     "parse_cost",
@@ -52,7 +57,8 @@ ANNOTATION: Final = "controller.kubernetes.io/pod-deletion-cost"
 LEVEL_STEP: Final = 100  # room for the KV tie-break (0-10) inside one level
 LEVEL_RATIO: Final = 1.25
 LEVEL_HYSTERESIS: Final = 2  # levels a pod's load must move before its annotation is rewritten
-UNKNOWN_COST: Final = 1_000_000  # above any level a pod can reach (level 60 is ~ 650,000 requests)
+UNKNOWN_COST: Final = 1_000_000  # above any relative level (+-60 levels: ~650,000 requests apart)
+IDLE_COST: Final = -1_000_000  # below any: an idle pod goes first, whatever the others hold
 INT32_MAX: Final = 2**31 - 1  # the annotation must parse as an int32
 # Rate limits per fleet: a pass at most this often (the HPA acts every 15 s; fresher costs are not read)
 # and at most this many patches in one pass (the next victims first, see ``plan``).
@@ -67,13 +73,28 @@ def level(requests: float) -> int:
     return 1 + int(math.log(max(requests, 1.0)) / math.log(LEVEL_RATIO) + 1e-9)
 
 
-def deletion_cost(running: float | None, waiting: float | None, kv_usage: float | None) -> int:
-    """The cost of a pod with this reading (``None`` anywhere: no reading, ``UNKNOWN_COST``)."""
+def deletion_cost(running: float | None, waiting: float | None, kv_usage: float | None, median_level: int = 0) -> int:
+    """The cost of a pod with this reading in a fleet whose median level is ``median_level`` (``None``
+    anywhere: no reading, ``UNKNOWN_COST``)."""
     if running is None or waiting is None:
         return UNKNOWN_COST
     kv = kv_usage if kv_usage is not None and math.isfinite(kv_usage) else 0.0
     kv_step = min(10, max(0, int(kv * 10 + 1e-9)))
-    return min(UNKNOWN_COST, LEVEL_STEP * level(max(0.0, running) + max(0.0, waiting)) + kv_step)
+    return LEVEL_STEP * (level(max(0.0, running) + max(0.0, waiting)) - median_level) + kv_step
+
+
+def _held(p: PodLoad) -> float | None:
+    if p.running is None or p.waiting is None:
+        return None
+    return max(0.0, p.running) + max(0.0, p.waiting)
+
+
+def fleet_costs(pods: Sequence[PodLoad]) -> list[int]:
+    """Each pod's cost: ``IDLE_COST`` for a pod holding nothing, else its level relative to the lower
+    median level of the pods that hold requests (``UNKNOWN_COST`` without a reading)."""
+    levels = sorted(level(h) for p in pods if (h := _held(p)) is not None and h > 0)
+    median = levels[(len(levels) - 1) // 2] if levels else 0
+    return [IDLE_COST if _held(p) == 0 else deletion_cost(p.running, p.waiting, p.kv_usage, median) for p in pods]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +137,8 @@ def needs_write(current: int | None, cost: int) -> bool:
     now = effective(current)
     if cost == now:
         return False
-    if cost >= UNKNOWN_COST or now >= UNKNOWN_COST or now < 0:
-        return True  # into or out of "no reading", or a value not ours (negative): always
+    if cost in (UNKNOWN_COST, IDLE_COST) or now in (UNKNOWN_COST, IDLE_COST):
+        return True  # into or out of "no reading" or "idle": always
     return abs(cost // LEVEL_STEP - now // LEVEL_STEP) >= LEVEL_HYSTERESIS
 
 
@@ -139,8 +160,6 @@ def plan(pods: Sequence[PodLoad], limit: int) -> list[CostChange]:
 
     Over the limit, the pods the ReplicaSet would remove next go first: those whose cost is lowest now or
     after the change (an idle pod marked busy, or a busy pod marked idle, decides the next victim)."""
-    changes = [
-        CostChange(p, c) for p in pods if needs_write(p.current, c := deletion_cost(p.running, p.waiting, p.kv_usage))
-    ]
+    changes = [CostChange(p, c) for p, c in zip(pods, fleet_costs(pods), strict=True) if needs_write(p.current, c)]
     changes.sort(key=lambda ch: (min(ch.cost, effective(ch.pod.current)), ch.pod.namespace, ch.pod.name))
     return changes[: max(0, limit)]

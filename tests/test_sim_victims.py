@@ -19,7 +19,7 @@ from keda_llm_scaler.sim.replay import add_replay_arguments, describe_setup, loa
 from keda_llm_scaler.sim.replica import Request
 from keda_llm_scaler.sim.run import RunConfig, simulate
 from keda_llm_scaler.sim.trace import BUNDLED_TRACE, TraceRequest, load_trace
-from keda_llm_scaler.victims import ANNOTATION
+from keda_llm_scaler.victims import ANNOTATION, IDLE_COST
 
 PROFILE = PROFILES["70b-h100x4"]
 SUMMARY_KEYS = {
@@ -153,8 +153,8 @@ def test_ranked_victims_remove_the_idle_pod_where_random_ones_often_do_not() -> 
             victim = next(p for p in fleet.pods if p.state == DRAINING)
             if victims == "ranked":
                 assert victim is idle and event.idle == 1
-                assert idle.annotations.get(ANNOTATION) is None  # idle: cost 0, the absent value, not written
-                assert all(int(p.annotations[ANNOTATION]) > 0 for p in fleet.pods if p is not idle)
+                assert idle.annotations.get(ANNOTATION) == str(IDLE_COST)  # idle: first, whatever the others
+                assert all(p.deletion_cost > IDLE_COST for p in fleet.pods if p is not idle)
             else:
                 random_busy += victim is not idle
                 assert event.idle == (victim is idle) and not any(p.annotations for p in fleet.pods)
@@ -182,9 +182,7 @@ def test_the_ranker_writes_only_while_a_scale_down_is_plausible() -> None:
 
 def test_passes_are_at_most_one_per_interval_and_at_most_a_burst_of_writes() -> None:
     assert (DEFAULT_INTERVAL_S, DEFAULT_BURST) == (10.0, 16)
-    fleet = fleet_of(20, victims="ranked")
-    for pod in fleet.pods:
-        busy(pod, 4, 0.0)
+    fleet = fleet_of(20, victims="ranked")  # 20 idle pods: each one to mark
     ranker = Ranker()
     writes: dict[int, int] = {}
     for t in range(1, 33):
@@ -194,7 +192,7 @@ def test_passes_are_at_most_one_per_interval_and_at_most_a_burst_of_writes() -> 
     # scrapes at 1, 6, 11, ...; a pass on the first and then every other one (10 s); 16 then the other 4
     assert writes == {1: 16, 11: 4}
     assert ranker.considered == 4 and ranker.passes == 4 and ranker.writes == 20
-    assert all(p.annotations[ANNOTATION] == "700" for p in fleet.pods)  # 4 requests: level 7, KV < 10 %
+    assert all(p.annotations[ANNOTATION] == str(IDLE_COST) for p in fleet.pods)
 
 
 def test_a_draining_pod_keeps_its_annotation_and_is_no_candidate() -> None:
@@ -205,18 +203,18 @@ def test_a_draining_pod_keeps_its_annotation_and_is_no_candidate() -> None:
     ranker = Ranker()
     fleet.advance(1.0, 1.0)
     ranker.observe(1.0, fleet, lambda ready, spec: 1.0)
-    costs = {p.name: int(p.annotations[ANNOTATION]) for p in fleet.pods}
+    costs = {p.name: p.deletion_cost for p in fleet.pods}  # relative to the median pod (medium): it reads 0
     assert costs[light.name] < costs[medium.name] < costs[heavy.name]
     fleet.scale_to(2, 1.0)
     assert light.state == DRAINING and names(fleet.victim_order(1.0)) == [medium.name, heavy.name]
-    written = light.annotations[ANNOTATION]
+    written = light.annotations.get(ANNOTATION)
     for pod in (medium, heavy):
         pod.replica.cut_all(1.0)  # their load changes: the next pass rewrites them, not the draining pod
     for t in range(2, 25):
         fleet.advance(float(t), 1.0)
         ranker.observe(float(t), fleet, lambda ready, spec: 1.0)
-    assert light.state == DRAINING and light.annotations[ANNOTATION] == written
-    assert medium.annotations[ANNOTATION] == heavy.annotations[ANNOTATION] == "0"
+    assert light.state == DRAINING and light.annotations.get(ANNOTATION) == written
+    assert medium.annotations[ANNOTATION] == heavy.annotations[ANNOTATION] == str(IDLE_COST)
     assert light not in fleet.victim_order(24.0)
 
 

@@ -24,9 +24,11 @@ from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
 from keda_llm_scaler.victims import (
     ANNOTATION,
+    IDLE_COST,
     UNKNOWN_COST,
     PodLoad,
     deletion_cost,
+    fleet_costs,
     level,
     needs_write,
     parse_cost,
@@ -67,31 +69,57 @@ def test_annotation_values_are_read_as_the_replicaset_reads_them() -> None:
     assert parse_cost("abc") is None and parse_cost("99999999999") is None and parse_cost(None) is None
 
 
-def test_plan_writes_only_changes_and_the_next_victims_first() -> None:
-    pods = [
-        PodLoad("ns", "idle-unmarked", current=None, running=0, waiting=0, kv_usage=0.0),  # absent reads as 0
-        PodLoad("ns", "same", current=deletion_cost(30, 0, 0.5), running=31, waiting=0, kv_usage=0.5),
-        PodLoad("ns", "busy-marked-idle", current=0, running=40, waiting=0, kv_usage=0.6),
-        PodLoad("ns", "idle-marked-busy", current=1605, running=0, waiting=0, kv_usage=0.0),
-        PodLoad("ns", "grew", current=deletion_cost(4, 0, 0.1), running=12, waiting=0, kv_usage=0.3),
-        # behind a gateway pods wobble by a level and a KV tenth every scrape: not rewritten for that
-        PodLoad("ns", "wobbles", current=deletion_cost(30, 0, 0.5), running=37, waiting=0, kv_usage=0.8),
+def _fleet(loads: list[tuple[float, float]], current: list[int | None] | None = None) -> list[PodLoad]:
+    return [
+        PodLoad("ns", f"p{i}", current=None if current is None else current[i], running=r, waiting=0, kv_usage=kv)
+        for i, (r, kv) in enumerate(loads)
     ]
-    changes = plan(pods, limit=16)
-    assert [c.pod.name for c in changes] == ["busy-marked-idle", "idle-marked-busy", "grew"]
+
+
+def test_costs_place_each_pod_among_the_others() -> None:
+    costs = fleet_costs(_fleet([(0, 0.0), (30, 0.5), (31, 0.5), (40, 0.6), (12, 0.3)]))
+    assert costs[0] == IDLE_COST  # idle: first, whatever the others hold
+    order = sorted(range(5), key=lambda i: costs[i])
+    assert order == [0, 4, 1, 2, 3]  # then the fewest requests held; about as many: less KV first
+    no_reading = fleet_costs([PodLoad("ns", "x"), *_fleet([(30, 0.5)])])
+    assert no_reading[0] == UNKNOWN_COST > no_reading[1]
+
+
+def test_plan_writes_only_pods_whose_place_in_the_fleet_moved() -> None:
+    before = [(0, 0.0), (30, 0.5), (31, 0.5), (40, 0.6), (12, 0.3)]
+    written = {c.pod.name: c.cost for c in plan(_fleet(before), 16)}
+    current = [written.get(f"p{i}") for i in range(5)]  # None where nothing needed writing (reads 0)
+    # a burst doubles every pod's load behind the gateway: nobody's place moved, nothing is rewritten
+    doubled = [(0, 0.0), (60, 0.9), (62, 0.9), (80, 1.0), (24, 0.5)]
+    assert plan(_fleet(doubled, current), 16) == []
+    # a wobble of a request or two, or of a KV tenth: nothing either
+    assert plan(_fleet([(0, 0.0), (33, 0.7), (29, 0.4), (42, 0.8), (13, 0.2)], current), 16) == []
+    # one pod fills up while the others hold: only it is rewritten; one goes idle: it is too
+    moved = plan(_fleet([(0, 0.0), (30, 0.5), (31, 0.5), (40, 0.6), (45, 0.6)], current), 16)
+    assert [c.pod.name for c in moved] == ["p4"]
+    idle = plan(_fleet([(0, 0.0), (0, 0.0), (31, 0.5), (40, 0.6), (12, 0.3)], current), 16)
+    assert [(c.pod.name, c.cost) for c in idle] == [("p1", IDLE_COST)]
+
+
+def test_over_the_burst_the_next_victims_are_written_first() -> None:
+    pods = [
+        PodLoad("ns", "busy-marked-idle", current=IDLE_COST, running=40, waiting=0, kv_usage=0.6),
+        PodLoad("ns", "idle-marked-busy", current=900, running=0, waiting=0, kv_usage=0.0),
+        PodLoad("ns", "grew", current=-900, running=45, waiting=0, kv_usage=0.6),
+        PodLoad("ns", "steady", current=None, running=30, waiting=0, kv_usage=0.5),
+    ]
     assert [c.pod.name for c in plan(pods, limit=2)] == ["busy-marked-idle", "idle-marked-busy"]
+    assert [c.pod.name for c in plan(pods, limit=16)] == ["busy-marked-idle", "idle-marked-busy", "grew"]
     assert plan(pods, limit=0) == []
 
 
-def test_a_pod_is_rewritten_only_when_its_level_moved_two_steps_or_its_reading_came_or_went() -> None:
-    thirty = deletion_cost(30, 0, 0.5)
-    assert not needs_write(thirty, deletion_cost(37, 0, 0.9))  # one level up
-    assert needs_write(thirty, deletion_cost(47, 0, 0.5))  # two levels: ~1.5x the requests
-    assert needs_write(thirty, deletion_cost(19, 0, 0.5))  # two levels down
-    assert needs_write(thirty, UNKNOWN_COST) and needs_write(UNKNOWN_COST, thirty)
-    assert not needs_write(None, 0) and not needs_write(None, deletion_cost(1, 0, 0.0))
-    assert needs_write(None, deletion_cost(2, 0, 0.0))  # absent reads 0: two requests are worth saying
-    assert needs_write(-5, 0)  # somebody else's value: ours replaces it
+def test_a_pod_is_rewritten_only_when_its_level_moved_two_steps_or_it_went_idle_or_unknown() -> None:
+    assert not needs_write(500, 600) and not needs_write(500, 409)  # one level
+    assert needs_write(500, 700) and needs_write(500, 300)  # two levels: ~1.5x or ~0.65x the requests
+    assert needs_write(500, UNKNOWN_COST) and needs_write(UNKNOWN_COST, 500)
+    assert needs_write(500, IDLE_COST) and needs_write(IDLE_COST, 500)
+    assert not needs_write(None, 0) and not needs_write(None, 105) and needs_write(None, IDLE_COST)
+    assert not needs_write(IDLE_COST, IDLE_COST)
 
 
 def test_scale_down_is_plausible_only_below_the_ready_replicas_for_every_trigger() -> None:
@@ -198,14 +226,15 @@ async def test_costs_are_written_ranked_and_not_rewritten_when_unchanged(
     assert (await keda.poll()).value < 3  # three ready replicas, well under one replica's work in all
 
     async def written() -> bool:
-        return annotations(state)["p2"] is not None and annotations(state)["p4"] is not None
+        return annotations(state)["p2"] is not None and annotations(state)["p3"] is not None
 
     await eventually(written, timeout=15.0)
     costs = {name: int(value or 0) for name, value in annotations(state).items()}
     # the ReplicaSet removes the lowest cost first: the idle pod, then the lightly loaded one
     assert costs["p3"] < costs["p4"] < costs["p2"]
-    assert annotations(state)["p3"] is None  # idle and unmarked already reads as 0: nothing to write
-    assert costs == {"p2": deletion_cost(30, 0, 0.5), "p3": 0, "p4": deletion_cost(4, 0, 0.1)}
+    # p4, the median of the pods holding requests, reads 0 unmarked: nothing to write there
+    assert costs == {"p2": 100 * (level(30) - level(4)) + 5, "p3": IDLE_COST, "p4": 0}
+    assert {name for _, name, _ in state.patches} == {"p2", "p3"}
     patched = len(state.patches)
     assert patched == 2
 
@@ -219,13 +248,15 @@ async def test_costs_are_written_ranked_and_not_rewritten_when_unchanged(
     assert len(state.patches) == patched  # the informer shows the annotations: nothing rewritten
     assert patches(scaler, "ok") == 2
 
-    reps["p4"].set(payload=vllm_v1([EngineLoad(0, 0, 0.0)]))  # its streams finished: now the idle one too
+    reps["p4"].set(payload=vllm_v1([EngineLoad(0, 0, 0.0)]))  # its streams finished: now idle too
 
     async def p4_idle() -> bool:
-        return annotations(state)["p4"] == "0"
+        return annotations(state)["p4"] == str(IDLE_COST)
 
     await eventually(p4_idle, timeout=15.0)
-    assert [name for _, name, _ in state.patches] == ["p2", "p4", "p4"]
+    # p2 is now the only pod holding requests, and its own median: its place moved, it is rewritten too
+    assert sorted(name for _, name, _ in state.patches[2:]) == ["p2", "p4"]
+    assert annotations(state)["p2"] == "5"
 
 
 async def test_nothing_is_written_while_no_scale_down_is_in_sight(
@@ -323,9 +354,8 @@ async def test_passes_are_rate_limited_per_fleet(api: tuple[FakeKube, FakeKubeSe
             Member(f"uid-serving-{n}", READY, f"http://10.0.1.{i}:8000/metrics", pod_namespace="serving", pod_name=n)
             for i, n in enumerate(names)
         )
-        reports = [
-            ReplicaReport(m.url or "", FRESH, None, "", 0.0, _signals(10 + i), None, None, None)
-            for i, m in enumerate(members)
+        reports = [  # 20 idle pods: each one to mark
+            ReplicaReport(m.url or "", FRESH, None, "", 0.0, _signals(0), None, None, None) for m in members
         ]
 
         async def cycle(fleet: str = "fleet-a") -> None:
@@ -377,7 +407,7 @@ async def test_a_replaced_pod_is_not_given_its_predecessors_cost(api: tuple[Fake
     ranker = VictimRanker(kube, RankingScope(all_namespaces=True), registry=CollectorRegistry())
     try:
         member = Member("uid-old", READY, "http://10.0.1.1:8000/metrics", pod_namespace="serving", pod_name="web-0")
-        report = ReplicaReport(member.url or "", FRESH, None, "", 0.0, _signals(40), None, None, None)
+        report = ReplicaReport(member.url or "", FRESH, None, "", 0.0, _signals(0), None, None, None)
         task = ranker.consider("f", "serving", "serving/llm", Membership((member,)), [report], [(0.0, 1.0)])
         assert task is not None
         await task
