@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from keda_llm_scaler.fleet import EXPIRED, ReplicaReport
 from keda_llm_scaler.kube import PATCH_FORBIDDEN, PATCH_OK, KubeClient, PatchResult
-from keda_llm_scaler.membership import READY, Membership
+from keda_llm_scaler.membership import READY, Member, Membership
 from keda_llm_scaler.victims import (
     ANNOTATION,
     DEFAULT_BURST,
@@ -142,9 +142,11 @@ class VictimRanker:
     ) -> asyncio.Task[None] | None:
         """Called by a fleet after each cycle, on its loop; returns the writing task when it starts one.
 
-        ``composites``: (composite, targetValue) of every trigger scoring this fleet."""
-        if namespace not in self.scope:
-            return None
+        ``composites``: (composite, targetValue) of every trigger scoring this fleet; ``namespace``: the
+        ScaledObject's, the ``namespace`` label of the metrics (the pods' own must be in scope)."""
+        ready = [m for m in membership.members if m.phase == READY]
+        if namespace not in self.scope and not any(m.pod_namespace in self.scope for m in ready):
+            return None  # nothing this scaler may write, nor report: no state, no metric
         now = self._clock()
         state = self._fleets.setdefault(fleet_id, _FleetRanking())
         state.seen = now
@@ -152,16 +154,18 @@ class VictimRanker:
         if now - state.last_pass < self.interval_s:
             return None
         state.last_pass = now
+        # a Service in another namespace (allowCrossNamespace): only pods whose namespace is enabled
+        named = [m for m in ready if m.pod_name and m.pod_namespace and m.pod_namespace in self.scope]
+        for m in named:  # what this process wrote stays known while the fleet lives, plausible or not
+            if (written := self._written.get(m.key)) is not None:
+                self._written[m.key] = (written[0], now)
         if state.task is not None and not state.task.done():
             self.passes.labels(namespace, BUSY).inc()
             return None
-        ready = [m for m in membership.members if m.phase == READY]
         pairs = list(composites)
         if not scale_down_plausible([c for c, _ in pairs], [t for _, t in pairs], len(ready)):
             self.passes.labels(namespace, NOT_PLAUSIBLE).inc()
             return None
-        # a Service in another namespace (allowCrossNamespace): its pods' namespace must be enabled too
-        named = [m for m in ready if m.pod_name and m.pod_namespace and m.pod_namespace in self.scope]
         if not named:
             self.passes.labels(namespace, NO_PODS).inc()
             if not state.told_no_pods:
@@ -177,10 +181,7 @@ class VictimRanker:
         for m in named:
             report = by_url.get(m.url or "")
             signals = report.signals if report is not None and report.state != EXPIRED else None
-            written = self._written.get(m.key)
-            if written is not None:
-                self._written[m.key] = (written[0], now)
-            current = m.deletion_cost if m.deletion_cost is not None else (written[0] if written else None)
+            current, observed = self._current(m, membership.error is not None)
             pods.append(
                 PodLoad(
                     m.pod_namespace,
@@ -190,6 +191,7 @@ class VictimRanker:
                     signals.running if signals else None,
                     signals.waiting if signals else None,
                     signals.kv_usage if signals else None,
+                    observed,
                 )
             )
         pods = [p for p in pods if self._forbidden_until.get(p.namespace, -math.inf) <= now]
@@ -203,6 +205,17 @@ class VictimRanker:
         self.passes.labels(namespace, WRITTEN).inc()
         state.task = asyncio.get_running_loop().create_task(self._write(label, changes))
         return state.task
+
+    def _current(self, m: Member, degraded: bool) -> tuple[int | None, bool]:
+        """(the annotation the pod carries, whether that is known). The pods informer says, unless its watch
+        is down (``degraded``: its copy may predate what this process wrote since); else what this process
+        wrote; else nobody knows (a Service without a selector, after a restart): write it once."""
+        written = self._written.get(m.key)
+        if m.pod_seen and not (degraded and written is not None):
+            return m.deletion_cost, True
+        if written is not None:
+            return written[0], True
+        return None, False
 
     def forget(self, fleet_id: str) -> None:
         state = self._fleets.pop(fleet_id, None)
@@ -224,18 +237,19 @@ class VictimRanker:
             self._limit = asyncio.Semaphore(PATCH_CONCURRENCY)
         limit = self._limit
 
-        async def one(change: CostChange) -> None:
+        async def one(change: CostChange) -> bool:
             pod = change.pod
-            if self._forbidden_until.get(pod.namespace, -math.inf) > self._clock():
-                return  # another patch of this pass was just refused: the rest would be too
             async with limit:
+                if self._forbidden_until.get(pod.namespace, -math.inf) > self._clock():
+                    return False  # another patch of this pass was just refused: the rest would be too
                 result = await self._kube.patch_pod_annotation(
                     pod.namespace, pod.name, pod.uid, ANNOTATION, str(change.cost)
                 )
             self._record(label, change, result)
+            return result.outcome == PATCH_OK
 
-        await asyncio.gather(*(one(c) for c in changes))
-        log.debug("victim_costs_written", target=label, pods=len(changes))
+        done = await asyncio.gather(*(one(c) for c in changes))
+        log.debug("victim_costs_written", target=label, written=sum(done), planned=len(changes))
 
     def _record(self, label: str, change: CostChange, result: PatchResult) -> None:
         pod = change.pod
@@ -247,14 +261,19 @@ class VictimRanker:
             first = self._forbidden_until.get(pod.namespace, -math.inf) <= self._clock()
             self._forbidden_until[pod.namespace] = self._clock() + FORBIDDEN_BACKOFF_S
             if first:
+                hint = (
+                    "the API server rejected the scaler's credentials (token expired or not mounted)"
+                    if result.status == 401
+                    else f"grant `patch` on pods in {pod.namespace} (the chart's victimRanking.namespaces), "
+                    "or leave it out of --victim-ranking; an admission webhook refusing the patch reads so too"
+                )
                 log.warning(
                     "deletion_cost_forbidden",
                     target=label,
                     namespace=pod.namespace,
                     status=result.status,
                     error=result.message,
-                    hint=f"grant `patch` on pods in {pod.namespace} (the chart's victimRanking.namespaces), or "
-                    f"leave it out of --victim-ranking; retrying in {FORBIDDEN_BACKOFF_S:.0f} s",
+                    hint=f"{hint}; retrying in {FORBIDDEN_BACKOFF_S:.0f} s",
                 )
             return
         log.info(

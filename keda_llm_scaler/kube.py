@@ -60,7 +60,7 @@ class Gone(KubeError):
 PATCH_OK: Final = "ok"
 PATCH_FORBIDDEN: Final = "forbidden"  # 401/403: RBAC (patch pods) is missing in that namespace
 PATCH_GONE: Final = "not_found"  # 404: the pod left meanwhile
-PATCH_CONFLICT: Final = "conflict"  # 409: a new pod took the name (the UID precondition failed)
+PATCH_CONFLICT: Final = "conflict"  # a new pod took the name: the UID in the patch is not its (422/409)
 PATCH_ERROR: Final = "error"  # anything else: transport, 5xx, 429, 422
 
 
@@ -397,9 +397,10 @@ class KubeClient:
         return data if isinstance(data, dict) else None
 
     async def patch_pod_annotation(self, namespace: str, name: str, uid: str, key: str, value: str) -> PatchResult:
-        """Set one annotation of one pod (JSON merge patch). With ``uid``, the patch names it as a
-        precondition: a pod that was replaced under the same name (a StatefulSet's) answers 409 instead
-        of getting the old pod's annotation."""
+        """Set one annotation of one pod (JSON merge patch). With ``uid``, the patch names it: on a pod
+        that was replaced under the same name (a StatefulSet's) that is a change of an immutable field,
+        refused (422 Invalid, "metadata.uid ... field is immutable"), instead of giving the new pod the old
+        one's annotation."""
         self.requests += 1
         metadata: dict[str, Any] = {"annotations": {key: value}}
         if uid:
@@ -421,6 +422,8 @@ class KubeClient:
         outcome = {401: PATCH_FORBIDDEN, 403: PATCH_FORBIDDEN, 404: PATCH_GONE, 409: PATCH_CONFLICT}.get(
             resp.status_code, PATCH_ERROR
         )
+        if resp.status_code == 422 and "metadata.uid" in message:
+            outcome = PATCH_CONFLICT  # the UID in the patch is not the pod's: the API server says "immutable"
         return PatchResult(outcome, resp.status_code, message[:300])
 
     async def aclose(self) -> None:

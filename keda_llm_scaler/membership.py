@@ -73,6 +73,7 @@ class Member:
     pod_namespace: str = ""
     pod_name: str = ""
     deletion_cost: int | None = None  # the annotation now (None: absent or not an int32)
+    pod_seen: bool = False  # the Pod object was read (so ``deletion_cost`` is what the pod carries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +245,7 @@ def _member_from_pod(pod: Mapping[str, Any], key: str, now: float, budget_s: flo
         pod_namespace=str(meta.get("namespace") or ""),
         pod_name=str(meta.get("name") or ""),
         deletion_cost=_deletion_cost(meta),
+        pod_seen=True,
     )
 
 

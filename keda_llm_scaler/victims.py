@@ -2,28 +2,33 @@
 
 The ReplicaSet controller removes, among ready pods, the one with the lowest
 ``controller.kubernetes.io/pod-deletion-cost`` first (before its own tie-breaks: pods doubled up on a
-node, then the most recently ready, by log2 bucket, then at random). Left to itself it picks pods
-semi-randomly, often one holding dozens of live streams. This module turns what the scaler scraped into
-that cost, so the least busy pod goes first:
+node, then the most recently ready, by log2 bucket, then at random; an absent annotation reads as 0).
+Left to itself it picks pods semi-randomly, often one holding dozens of live streams. This module turns
+what the scaler scraped into that cost, so the least busy pod goes first:
 
     cost = LEVEL_STEP x (level(requests held) - the fleet's median level) + kv_step(KV in use)
 
 * ``level`` of the requests a pod holds (running + waiting: both are cut, or must finish, if it goes):
-  0 for none, then geometric steps of 25 % (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 19 ... requests).
-* It is written relative to the fleet's median level (the lower median of the pods holding requests): the
+  ``floor(log(n + 8) / log(1.25)) - 9``, 0 for an idle pod. Steps of 25 % of the load once a pod holds
+  dozens of requests; coarse below about eight (0 and 1 request share level 0, 2-3 are level 1, 4-6
+  level 2), where a stream or two more decides nothing a drain does not cover, and where a lightly loaded
+  fleet's pods flip between 0, 1 and 2 requests every scrape.
+* It is written relative to the fleet's median level (the lower median of the pods above level 0): the
   ReplicaSet only compares pods, so what matters is each pod's place among the others. Behind an inference
   gateway a bursty load moves every pod's level together by two or three steps within seconds (the
   conversation hour x12 swings 36 -> 72 -> 33 in flight per pod); absolute levels rewrote the whole fleet
   at every swing (~650 patches an hour on 8 pods) while their order hardly moved.
-* ``kv_step``: KV-cache use in tenths, the tie-break between pods holding about as many requests: the one
-  with less context in flight loses fewer tokens.
-* A pod holding nothing gets ``IDLE_COST``: it goes first, and stays marked so however the others move.
+* ``kv_step``: KV-cache use in tenths, the tie-break between pods on one level: the one with less context
+  in flight loses fewer tokens.
+* A pod at level 0 (at most one request) gets ``IDLE_COST``: it goes first, and keeps its mark however
+  the others move; it loses it once it holds ``LEVEL_HYSTERESIS`` levels (four requests).
 * A pod without a fresh reading gets ``UNKNOWN_COST``: missing data is never idle, so it is never the
   first choice (the ReplicaSet already removes pods that are not ready before any ready one).
 
-A pass rewrites a pod only when its relative level moved by ``LEVEL_HYSTERESIS`` or more (it now holds
-about 1.5x, or 0.65x, what it held against the others when written), or into or out of ``IDLE_COST`` or
-``UNKNOWN_COST``. A pod whose load wobbles by a request or two, or whose KV tenth changes, keeps its annotation.
+A pass rewrites a pod only when its relative level moved by ``LEVEL_HYSTERESIS`` or more, or into or out
+of ``UNKNOWN_COST``, into idle, or when what the pod carries is not known (``PodLoad.observed``). So
+annotations may lag the load by one level each way: two pods up to two levels apart (about 1.5x at high
+counts) can read the same, and the ReplicaSet's own order then decides between them.
 """
 
 from __future__ import annotations
@@ -56,9 +61,11 @@ __all__ = [
 ANNOTATION: Final = "controller.kubernetes.io/pod-deletion-cost"
 LEVEL_STEP: Final = 100  # room for the KV tie-break (0-10) inside one level
 LEVEL_RATIO: Final = 1.25
+LEVEL_OFFSET: Final = 8.0  # requests: below about this many, levels are coarse (see the module docstring)
+_LEVEL_ZERO: Final = int(math.log(LEVEL_OFFSET) / math.log(LEVEL_RATIO) + 1e-9)
 LEVEL_HYSTERESIS: Final = 2  # levels a pod's load must move before its annotation is rewritten
 UNKNOWN_COST: Final = 1_000_000  # above any relative level (+-60 levels: ~650,000 requests apart)
-IDLE_COST: Final = -1_000_000  # below any: an idle pod goes first, whatever the others hold
+IDLE_COST: Final = -1_000_000  # level 0 (at most one request): below any, first whatever the others hold
 INT32_MAX: Final = 2**31 - 1  # the annotation must parse as an int32
 # Rate limits per fleet: a pass at most this often (the HPA acts every 15 s; fresher costs are not read)
 # and at most this many patches in one pass (the next victims first, see ``plan``).
@@ -67,10 +74,10 @@ DEFAULT_BURST: Final = 16
 
 
 def level(requests: float) -> int:
-    """0 for an idle pod; then one step per 25 % more requests held."""
+    """0 for an idle pod; then a step per 25 % more requests held, coarse below ``LEVEL_OFFSET``."""
     if not math.isfinite(requests) or requests <= 0:
         return 0
-    return 1 + int(math.log(max(requests, 1.0)) / math.log(LEVEL_RATIO) + 1e-9)
+    return int(math.log(requests + LEVEL_OFFSET) / math.log(LEVEL_RATIO) + 1e-9) - _LEVEL_ZERO
 
 
 def deletion_cost(running: float | None, waiting: float | None, kv_usage: float | None, median_level: int = 0) -> int:
@@ -89,12 +96,17 @@ def _held(p: PodLoad) -> float | None:
     return max(0.0, p.running) + max(0.0, p.waiting)
 
 
+def _level(p: PodLoad) -> int | None:
+    held = _held(p)
+    return None if held is None else level(held)
+
+
 def fleet_costs(pods: Sequence[PodLoad]) -> list[int]:
-    """Each pod's cost: ``IDLE_COST`` for a pod holding nothing, else its level relative to the lower
-    median level of the pods that hold requests (``UNKNOWN_COST`` without a reading)."""
-    levels = sorted(level(h) for p in pods if (h := _held(p)) is not None and h > 0)
+    """Each pod's cost: ``IDLE_COST`` at level 0, else its level relative to the lower median level of the
+    pods above level 0 (``UNKNOWN_COST`` without a reading)."""
+    levels = sorted(lv for p in pods if (lv := _level(p)) is not None and lv > 0)
     median = levels[(len(levels) - 1) // 2] if levels else 0
-    return [IDLE_COST if _held(p) == 0 else deletion_cost(p.running, p.waiting, p.kv_usage, median) for p in pods]
+    return [IDLE_COST if _level(p) == 0 else deletion_cost(p.running, p.waiting, p.kv_usage, median) for p in pods]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +120,9 @@ class PodLoad:
     running: float | None = None  # None: no fresh reading
     waiting: float | None = None
     kv_usage: float | None = None
+    # False: nobody can say what the pod carries (no informer shows it, and this process has not written
+    # it since it started): the cost is written once whatever it is, never assumed to be there already
+    observed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,13 +147,16 @@ def effective(current: int | None) -> int:
     return 0 if current is None else current
 
 
-def needs_write(current: int | None, cost: int) -> bool:
-    """Whether a pod annotated ``current`` must be rewritten to ``cost`` (see ``LEVEL_HYSTERESIS``)."""
+def needs_write(current: int | None, cost: int, held_level: int | None = None) -> bool:
+    """Whether a pod annotated ``current`` must be rewritten to ``cost`` (see ``LEVEL_HYSTERESIS``);
+    ``held_level``: the level of what it holds now, for a pod marked idle."""
     now = effective(current)
     if cost == now:
         return False
-    if cost in (UNKNOWN_COST, IDLE_COST) or now in (UNKNOWN_COST, IDLE_COST):
-        return True  # into or out of "no reading" or "idle": always
+    if cost in (UNKNOWN_COST, IDLE_COST) or now == UNKNOWN_COST:
+        return True  # into or out of "no reading", or into idle: always
+    if now == IDLE_COST:  # out of idle only once it holds LEVEL_HYSTERESIS levels (4 requests)
+        return held_level is None or held_level >= LEVEL_HYSTERESIS
     return abs(cost // LEVEL_STEP - now // LEVEL_STEP) >= LEVEL_HYSTERESIS
 
 
@@ -149,8 +167,8 @@ def scale_down_plausible(composites: Iterable[float | None], targets: Iterable[f
     costs written while this holds are fresh when the ReplicaSet reads them; a composite of 7.3 on 8
     pods asks for 8 and removes none. No reading: not plausible."""
     pairs = list(zip(composites, targets, strict=True))
-    if replicas <= 0 or not pairs:
-        return False
+    if replicas < 2 or not pairs:
+        return False  # one pod: the HPA keeps it (KEDA alone takes a fleet from 1 to 0), nothing to choose
     return all(c is not None and math.ceil(round(c / t, 6)) < replicas for c, t in pairs)
 
 
@@ -160,6 +178,10 @@ def plan(pods: Sequence[PodLoad], limit: int) -> list[CostChange]:
 
     Over the limit, the pods the ReplicaSet would remove next go first: those whose cost is lowest now or
     after the change (an idle pod marked busy, or a busy pod marked idle, decides the next victim)."""
-    changes = [CostChange(p, c) for p, c in zip(pods, fleet_costs(pods), strict=True) if needs_write(p.current, c)]
+    changes = [
+        CostChange(p, c)
+        for p, c in zip(pods, fleet_costs(pods), strict=True)
+        if not p.observed or needs_write(p.current, c, _level(p))
+    ]
     changes.sort(key=lambda ch: (min(ch.cost, effective(ch.pod.current)), ch.pod.namespace, ch.pod.name))
     return changes[: max(0, limit)]

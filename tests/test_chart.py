@@ -168,6 +168,10 @@ def test_victim_ranking_grants_patch_on_pods_only_where_it_is_enabled() -> None:
     }
     assert env["LLM_SCALER_VICTIM_RANKING"] == "serving"
     assert env["LLM_SCALER_VICTIM_RANKING_INTERVAL"] == "10" and env["LLM_SCALER_VICTIM_RANKING_BURST"] == "16"
+    once = render({"victimRanking": {"namespaces": ["serving", "serving"]}})  # a repeated entry: one grant
+    assert len([r for r in by_kind(once, "Role") if r["metadata"]["name"].endswith("-victim-ranking")]) == 1
+    with pytest.raises(helm_python.HelmError, match=r"victimRanking.namespaces: list the namespaces"):
+        render({"victimRanking": {"namespaces": ["*"]}})  # would render `namespace: *` (a YAML alias)
     off = render()  # the default: no writes anywhere, and no flag
     assert not [r for r in by_kind(off, "Role") if any("patch" in rule["verbs"] for rule in r["rules"])]
     container = by_kind(off, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]

@@ -46,16 +46,17 @@ SELECTOR = {"app": "vllm"}
 
 # -- the costs (pure) ------------------------------------------------------------------------------------
 def test_cost_orders_pods_by_requests_held_then_kv() -> None:
-    idle, one, busy, busier = (deletion_cost(r, 0, 0.2) for r in (0, 1, 30, 60))
-    assert idle < one < busy < busier
+    idle, few, busy, busier = (deletion_cost(r, 0, 0.2) for r in (0, 4, 30, 60))
+    assert idle < few < busy < busier
     # waiting requests are held too: they are lost or must finish if the pod goes
     assert deletion_cost(10, 10, 0.2) > deletion_cost(10, 0, 0.2)
     # about as many requests: less KV in use (less context in flight) goes first
     assert deletion_cost(30, 0, 0.2) < deletion_cost(30, 0, 0.7)
     assert deletion_cost(30, 0, 1.0) < deletion_cost(60, 0, 0.0)  # KV only breaks ties inside a level
-    assert level(0) == 0 and level(1) == 1
+    assert [level(n) for n in (0, 1, 2, 3, 4, 6, 7)] == [0, 0, 1, 1, 2, 2, 3]  # coarse at the bottom
     assert all(level(n) <= level(n + 1) for n in range(0, 2000))
     assert level(30) == level(31)  # a request more or less: the same level, no rewrite
+    assert level(1000 * 1.25**2) - level(1000) == 2  # 25 % steps once pods hold many requests
 
 
 def test_missing_data_is_never_the_first_victim() -> None:
@@ -77,8 +78,8 @@ def _fleet(loads: list[tuple[float, float]], current: list[int | None] | None = 
 
 
 def test_costs_place_each_pod_among_the_others() -> None:
-    costs = fleet_costs(_fleet([(0, 0.0), (30, 0.5), (31, 0.5), (40, 0.6), (12, 0.3)]))
-    assert costs[0] == IDLE_COST  # idle: first, whatever the others hold
+    costs = fleet_costs(_fleet([(1, 0.0), (30, 0.5), (31, 0.5), (40, 0.6), (12, 0.3)]))
+    assert costs[0] == IDLE_COST  # at most one request: first, whatever the others hold
     order = sorted(range(5), key=lambda i: costs[i])
     assert order == [0, 4, 1, 2, 3]  # then the fewest requests held; about as many: less KV first
     no_reading = fleet_costs([PodLoad("ns", "x"), *_fleet([(30, 0.5)])])
@@ -86,19 +87,35 @@ def test_costs_place_each_pod_among_the_others() -> None:
 
 
 def test_plan_writes_only_pods_whose_place_in_the_fleet_moved() -> None:
-    before = [(0, 0.0), (30, 0.5), (31, 0.5), (40, 0.6), (12, 0.3)]
+    before = [(0, 0.0), (36, 0.5), (38, 0.5), (50, 0.6), (14, 0.3)]
     written = {c.pod.name: c.cost for c in plan(_fleet(before), 16)}
+    median = level(36)
+    assert written == {  # the two pods near the median read 0 unmarked: nothing to write there
+        "p0": IDLE_COST,
+        "p4": 100 * (level(14) - median) + 3,
+        "p3": 100 * (level(50) - median) + 6,
+    }
     current = [written.get(f"p{i}") for i in range(5)]  # None where nothing needed writing (reads 0)
-    # a burst doubles every pod's load behind the gateway: nobody's place moved, nothing is rewritten
-    doubled = [(0, 0.0), (60, 0.9), (62, 0.9), (80, 1.0), (24, 0.5)]
-    assert plan(_fleet(doubled, current), 16) == []
-    # a wobble of a request or two, or of a KV tenth: nothing either
-    assert plan(_fleet([(0, 0.0), (33, 0.7), (29, 0.4), (42, 0.8), (13, 0.2)], current), 16) == []
+    # a burst doubles (or halves) every pod's load behind the gateway: nobody's place moved
+    for factor in (2.0, 1.5, 0.6):
+        assert plan(_fleet([(round(r * factor), kv) for r, kv in before], current), 16) == []
+    # a wobble of a request or two, or of a KV tenth: nothing either; the idle pod taking one: nothing
+    assert plan(_fleet([(1, 0.1), (39, 0.7), (35, 0.4), (53, 0.8), (15, 0.2)], current), 16) == []
     # one pod fills up while the others hold: only it is rewritten; one goes idle: it is too
-    moved = plan(_fleet([(0, 0.0), (30, 0.5), (31, 0.5), (40, 0.6), (45, 0.6)], current), 16)
+    moved = plan(_fleet([(0, 0.0), (36, 0.5), (38, 0.5), (50, 0.6), (60, 0.6)], current), 16)
     assert [c.pod.name for c in moved] == ["p4"]
-    idle = plan(_fleet([(0, 0.0), (0, 0.0), (31, 0.5), (40, 0.6), (12, 0.3)], current), 16)
+    idle = plan(_fleet([(0, 0.0), (0, 0.0), (38, 0.5), (50, 0.6), (14, 0.3)], current), 16)
     assert [(c.pod.name, c.cost) for c in idle] == [("p1", IDLE_COST)]
+    # the idle pod keeps its mark with 2-3 requests, and loses it at 4 (two levels)
+    assert plan(_fleet([(3, 0.0), *before[1:]], current), 16) == []
+    assert [c.pod.name for c in plan(_fleet([(4, 0.0), *before[1:]], current), 16)] == ["p0"]
+
+
+def test_a_pod_whose_annotation_nobody_can_see_is_written_once() -> None:
+    # a Service without a selector (no pods informer) after a scaler restart: what the pod carries is
+    # unknown, so even a cost that reads like the default is written, never assumed to be there
+    pods = [PodLoad("ns", "p0", current=None, running=30, waiting=0, kv_usage=0.5, observed=False)]
+    assert [c.pod.name for c in plan(pods, 16)] == ["p0"]
 
 
 def test_over_the_burst_the_next_victims_are_written_first() -> None:
@@ -117,7 +134,8 @@ def test_a_pod_is_rewritten_only_when_its_level_moved_two_steps_or_it_went_idle_
     assert not needs_write(500, 600) and not needs_write(500, 409)  # one level
     assert needs_write(500, 700) and needs_write(500, 300)  # two levels: ~1.5x or ~0.65x the requests
     assert needs_write(500, UNKNOWN_COST) and needs_write(UNKNOWN_COST, 500)
-    assert needs_write(500, IDLE_COST) and needs_write(IDLE_COST, 500)
+    assert needs_write(500, IDLE_COST)  # into idle: at once
+    assert not needs_write(IDLE_COST, 500, held_level=1) and needs_write(IDLE_COST, 500, held_level=2)
     assert not needs_write(None, 0) and not needs_write(None, 105) and needs_write(None, IDLE_COST)
     assert not needs_write(IDLE_COST, IDLE_COST)
 
@@ -130,6 +148,7 @@ def test_scale_down_is_plausible_only_below_the_ready_replicas_for_every_trigger
     assert scale_down_plausible([6.0], [2.0], 4)  # in replicas at the trigger's targetValue
     assert not scale_down_plausible([None], [1.0], 4)  # no reading: no decision
     assert not scale_down_plausible([0.0], [1.0], 0)
+    assert not scale_down_plausible([0.0], [1.0], 1)  # one pod: the HPA keeps it, nothing to choose
 
 
 def test_scope_flag_values() -> None:
@@ -401,18 +420,61 @@ async def test_ranking_is_off_outside_the_enabled_namespaces(api: tuple[FakeKube
 
 async def test_a_replaced_pod_is_not_given_its_predecessors_cost(api: tuple[FakeKube, FakeKubeServer, Path]) -> None:
     state, server_api, token = api
-    state.pods["serving"] = [_pod("web-0", "10.0.1.1")]
+    state.pods["serving"] = [_pod("web-0", "10.0.1.1"), _pod("web-1", "10.0.1.2")]
     state.pods["serving"][0]["metadata"]["uid"] = "uid-new"  # a StatefulSet recreated web-0 meanwhile
     kube = KubeClient(KubeConfig(server_api.url, token))
     ranker = VictimRanker(kube, RankingScope(all_namespaces=True), registry=CollectorRegistry())
     try:
-        member = Member("uid-old", READY, "http://10.0.1.1:8000/metrics", pod_namespace="serving", pod_name="web-0")
-        report = ReplicaReport(member.url or "", FRESH, None, "", 0.0, _signals(0), None, None, None)
-        task = ranker.consider("f", "serving", "serving/llm", Membership((member,)), [report], [(0.0, 1.0)])
+        members = (
+            Member("uid-old", READY, "http://10.0.1.1:8000/metrics", pod_namespace="serving", pod_name="web-0"),
+            Member(
+                "uid-serving-web-1", READY, "http://10.0.1.2:8000/metrics", pod_namespace="serving", pod_name="web-1"
+            ),
+        )
+        reports = [ReplicaReport(m.url or "", FRESH, None, "", 0.0, _signals(0), None, None, None) for m in members]
+        task = ranker.consider("f", "serving", "serving/llm", Membership(members), reports, [(0.0, 1.0)])
         assert task is not None
         await task
-        assert state.patches == []  # 409: the UID precondition kept the old pod's cost off the new one
+        # the UID in the patch is not the new web-0's: refused as a change of an immutable field (422)
+        assert [name for _, name, _ in state.patches] == ["web-1"]
         assert ranker.patches.labels("serving", "conflict")._value.get() == 1
+        assert ranker.patches.labels("serving", "ok")._value.get() == 1
     finally:
         await ranker.aclose()
         await kube.aclose()
+
+
+async def test_a_refused_pass_stops_after_the_patches_already_in_flight(
+    api: tuple[FakeKube, FakeKubeServer, Path],
+) -> None:
+    state, server_api, token = api
+    state.patch_status = 403
+    kube = KubeClient(KubeConfig(server_api.url, token))
+    ranker = VictimRanker(kube, RankingScope(frozenset({"serving"})), registry=CollectorRegistry())
+    try:
+        members = tuple(
+            Member(f"uid-{i}", READY, f"http://10.0.1.{i}:8000/metrics", pod_namespace="serving", pod_name=f"p{i}")
+            for i in range(8)
+        )
+        reports = [ReplicaReport(m.url or "", FRESH, None, "", 0.0, _signals(0), None, None, None) for m in members]
+        task = ranker.consider("f", "serving", "serving/llm", Membership(members), reports, [(1.0, 1.0)])
+        assert task is not None
+        await task
+        sent = [r for r in state.requests if r.startswith("PATCH ")]
+        assert 1 <= len(sent) <= 2  # the two already in flight (PATCH_CONCURRENCY), not all eight
+        assert ranker.patches.labels("serving", "forbidden")._value.get() == len(sent)
+    finally:
+        await ranker.aclose()
+        await kube.aclose()
+
+
+def test_while_the_pods_watch_is_down_what_was_written_wins_over_the_cached_pod() -> None:
+    ranker = VictimRanker(None, RankingScope(all_namespaces=True), registry=CollectorRegistry())  # type: ignore[arg-type]
+    ranker._written["uid-1"] = (-297, 0.0)
+    cached = Member(
+        "uid-1", READY, "http://x/metrics", pod_namespace="ns", pod_name="p1", deletion_cost=0, pod_seen=True
+    )
+    assert ranker._current(cached, degraded=False) == (0, True)  # the informer is the authority
+    assert ranker._current(cached, degraded=True) == (-297, True)  # its copy may predate the write
+    unseen = Member("uid-2", READY, "http://y/metrics", pod_namespace="ns", pod_name="p2")
+    assert ranker._current(unseen, degraded=False) == (None, False)  # nobody knows: written once

@@ -106,8 +106,8 @@ class FakeKube:
             return self.rv
 
     def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """A JSON merge patch of a declared pod's metadata.annotations, as the API server applies it: the
-        UID in the patch, when there is one, is a precondition (409 when it differs)."""
+        """A JSON merge patch of a declared pod's metadata.annotations, as the API server applies it: a UID
+        in the patch that is not the pod's is a change of an immutable field (422 Invalid)."""
         meta_patch = patch.get("metadata") or {}
         with self._lock:
             pod = next((p for p in self.pods.get(namespace, []) if (p.get("metadata") or {}).get("name") == name), None)
@@ -116,8 +116,11 @@ class FakeKube:
             meta = pod.setdefault("metadata", {})
             uid = meta.get("uid") or f"uid-{namespace}-{name}"
             if meta_patch.get("uid") and meta_patch["uid"] != uid:
-                message = f"Precondition failed: UID in precondition: {meta_patch['uid']}, UID in object meta: {uid}"
-                return 409, _status(409, "Conflict", message)
+                # metadata.uid is immutable: the API server refuses the update as invalid
+                message = (
+                    f'Pod "{name}" is invalid: metadata.uid: Invalid value: "{meta_patch["uid"]}": field is immutable'
+                )
+                return 422, _status(422, "Invalid", message)
             annotations = dict(meta.get("annotations") or {})
             for key, value in (meta_patch.get("annotations") or {}).items():
                 if value is None:
