@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
+from keda_llm_scaler.victims import ANNOTATION, parse_cost
+
 __all__ = [
     "BACKOFF_REASONS",
     "FAILED_TO_START",
@@ -56,7 +58,6 @@ BACKOFF_REASONS: Final = frozenset(
     }
 )
 _FAMILY_PREFERENCE: Final = {"IPv4": 0, "IPv6": 1, "FQDN": 2}
-DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,14 +218,7 @@ class NotReadyClock:
 
 def _deletion_cost(meta: Mapping[str, Any]) -> int | None:
     annotations = meta.get("annotations")
-    raw = annotations.get(DELETION_COST) if isinstance(annotations, Mapping) else None
-    if not isinstance(raw, str):
-        return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        return None
-    return value if -(2**31) <= value < 2**31 else None  # the ReplicaSet reads it as an int32
+    return parse_cost(annotations.get(ANNOTATION)) if isinstance(annotations, Mapping) else None
 
 
 def _member_from_pod(pod: Mapping[str, Any], key: str, now: float, budget_s: float, url: str | None) -> Member:
