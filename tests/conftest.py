@@ -1,10 +1,17 @@
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings
+
+if TYPE_CHECKING:
+    import grpc
+
+    from keda_llm_scaler.server import ScalerServer
 
 # Property tests draw the same examples on every run unless asked to explore: a CI run must not fail on a
 # counterexample no one has seen. `HYPOTHESIS_PROFILE=explore pytest tests/test_policy.py` searches anew;
@@ -24,3 +31,20 @@ def fixture_text(name: str) -> str:
 @pytest.fixture
 def metrics_dir() -> Path:
     return METRICS
+
+
+@pytest.fixture
+async def scaler() -> AsyncIterator[ScalerServer]:
+    """A real scaler in process on loopback ports (``tests/scalerproc.BASE``)."""
+    from tests.scalerproc import running_scaler  # only for the tests that ask: it imports the server
+
+    async with running_scaler() as server:
+        yield server
+
+
+@pytest.fixture
+async def channel(scaler: ScalerServer) -> AsyncIterator[grpc.aio.Channel]:
+    from tests.scalerproc import channel_to
+
+    async with channel_to(scaler) as ch:
+        yield ch

@@ -29,18 +29,6 @@ AT_TARGET = vllm_v1([EngineLoad(waiting=0, running=30, kv=0.85)])
 IDLE = vllm_v1([EngineLoad(0, 0, 0.0)])
 
 
-@pytest.fixture
-async def scaler() -> AsyncIterator[ScalerServer]:
-    async with running_scaler() as server:
-        yield server
-
-
-@pytest.fixture
-async def channel(scaler: ScalerServer) -> AsyncIterator[grpc.aio.Channel]:
-    async with channel_to(scaler) as ch:
-        yield ch
-
-
 def meta(*urls: str, **extra: str) -> dict[str, str]:
     return {"endpoints": ",".join(urls), **FAST, **extra}
 

@@ -5,6 +5,7 @@ is shared."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -358,17 +359,28 @@ def _signals(running: float) -> ReplicaSignals:
     return ReplicaSignals.from_engines("vllm", [EngineSignals("0", 0.0, running, 0.3)])
 
 
+@contextlib.asynccontextmanager
+async def ranker_on(
+    api: tuple[FakeKube, FakeKubeServer, Path], scope: RankingScope, **options: Any
+) -> AsyncIterator[VictimRanker]:
+    """A ranker writing through a real client to the fake API server, on a registry of its own."""
+    _, server_api, token = api
+    kube = KubeClient(KubeConfig(server_api.url, token))
+    ranker = VictimRanker(kube, scope, registry=CollectorRegistry(), **options)
+    try:
+        yield ranker
+    finally:
+        await ranker.aclose()
+        await kube.aclose()
+
+
 async def test_passes_are_rate_limited_per_fleet(api: tuple[FakeKube, FakeKubeServer, Path]) -> None:
-    state, server_api, token = api
+    state = api[0]
     names = [f"p{i}" for i in range(20)]
     state.pods["serving"] = [_pod(n, f"10.0.1.{i}") for i, n in enumerate(names)]
-    kube = KubeClient(KubeConfig(server_api.url, token))
     now = [1000.0]
-    ranker = VictimRanker(
-        kube, RankingScope(frozenset({"serving"})), interval_s=10.0, burst=16, registry=CollectorRegistry(),
-        clock=lambda: now[0],
-    )  # fmt: skip
-    try:
+    scope = RankingScope(frozenset({"serving"}))
+    async with ranker_on(api, scope, interval_s=10.0, burst=16, clock=lambda: now[0]) as ranker:
         members = tuple(
             Member(f"uid-serving-{n}", READY, f"http://10.0.1.{i}:8000/metrics", pod_namespace="serving", pod_name=n)
             for i, n in enumerate(names)
@@ -396,35 +408,25 @@ async def test_passes_are_rate_limited_per_fleet(api: tuple[FakeKube, FakeKubeSe
         now[0] = 1020.0
         await cycle()
         assert len(state.patches) == 20  # nothing changed: nothing rewritten, even without the informer
-    finally:
-        await ranker.aclose()
-        await kube.aclose()
 
 
 async def test_ranking_is_off_outside_the_enabled_namespaces(api: tuple[FakeKube, FakeKubeServer, Path]) -> None:
-    state, server_api, token = api
+    state = api[0]
     state.pods["serving"] = [_pod("p0", "10.0.1.1")]
-    kube = KubeClient(KubeConfig(server_api.url, token))
-    ranker = VictimRanker(kube, parse_scope("other"), interval_s=1.0, registry=CollectorRegistry())
-    try:
+    async with ranker_on(api, parse_scope("other"), interval_s=1.0) as ranker:
         member = Member("uid-serving-p0", READY, "http://10.0.1.1:8000/metrics", pod_namespace="serving", pod_name="p0")
         report = ReplicaReport(member.url or "", FRESH, None, "", 0.0, _signals(40), None, None, None)
         # the ScaledObject's namespace is not enabled; nor, for a cross-namespace Service, is the pods'
         for namespace in ("serving", "other"):
             assert ranker.consider("f", namespace, "x/llm", Membership((member,)), [report], [(0.5, 1.0)]) is None
         assert state.patches == [] and not [r for r in state.requests if r.startswith("PATCH")]
-    finally:
-        await ranker.aclose()
-        await kube.aclose()
 
 
 async def test_a_replaced_pod_is_not_given_its_predecessors_cost(api: tuple[FakeKube, FakeKubeServer, Path]) -> None:
-    state, server_api, token = api
+    state = api[0]
     state.pods["serving"] = [_pod("web-0", "10.0.1.1"), _pod("web-1", "10.0.1.2")]
     state.pods["serving"][0]["metadata"]["uid"] = "uid-new"  # a StatefulSet recreated web-0 meanwhile
-    kube = KubeClient(KubeConfig(server_api.url, token))
-    ranker = VictimRanker(kube, RankingScope(all_namespaces=True), registry=CollectorRegistry())
-    try:
+    async with ranker_on(api, RankingScope(all_namespaces=True)) as ranker:
         members = (
             Member("uid-old", READY, "http://10.0.1.1:8000/metrics", pod_namespace="serving", pod_name="web-0"),
             Member(
@@ -439,19 +441,14 @@ async def test_a_replaced_pod_is_not_given_its_predecessors_cost(api: tuple[Fake
         assert [name for _, name, _ in state.patches] == ["web-1"]
         assert ranker.patches.labels("serving", "conflict")._value.get() == 1
         assert ranker.patches.labels("serving", "ok")._value.get() == 1
-    finally:
-        await ranker.aclose()
-        await kube.aclose()
 
 
 async def test_a_refused_pass_stops_after_the_patches_already_in_flight(
     api: tuple[FakeKube, FakeKubeServer, Path],
 ) -> None:
-    state, server_api, token = api
+    state = api[0]
     state.patch_status = 403
-    kube = KubeClient(KubeConfig(server_api.url, token))
-    ranker = VictimRanker(kube, RankingScope(frozenset({"serving"})), registry=CollectorRegistry())
-    try:
+    async with ranker_on(api, RankingScope(frozenset({"serving"}))) as ranker:
         members = tuple(
             Member(f"uid-{i}", READY, f"http://10.0.1.{i}:8000/metrics", pod_namespace="serving", pod_name=f"p{i}")
             for i in range(8)
@@ -463,9 +460,6 @@ async def test_a_refused_pass_stops_after_the_patches_already_in_flight(
         sent = [r for r in state.requests if r.startswith("PATCH ")]
         assert 1 <= len(sent) <= 2  # the two already in flight (PATCH_CONCURRENCY), not all eight
         assert ranker.patches.labels("serving", "forbidden")._value.get() == len(sent)
-    finally:
-        await ranker.aclose()
-        await kube.aclose()
 
 
 def test_while_the_pods_watch_is_down_what_was_written_wins_over_the_cached_pod() -> None:

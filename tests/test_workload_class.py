@@ -6,7 +6,7 @@ Kubernetes API stand-in for membership phases), as KEDA calls it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,18 +33,6 @@ BUDGET = 10.0  # generous: the scrape interval is 0.5 s; a busy machine may take
 
 def meta(*urls: str, **extra: str) -> dict[str, str]:
     return {"endpoints": ",".join(urls), **FAST, **extra}
-
-
-@pytest.fixture
-async def scaler() -> AsyncIterator[ScalerServer]:
-    async with running_scaler() as server:
-        yield server
-
-
-@pytest.fixture
-async def channel(scaler: ScalerServer) -> AsyncIterator[grpc.aio.Channel]:
-    async with channel_to(scaler) as ch:
-        yield ch
 
 
 async def is_active(keda: KedaEmulator) -> bool | grpc.StatusCode:
