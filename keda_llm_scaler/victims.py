@@ -15,9 +15,9 @@ what the scaler scraped into that cost, so the least busy pod goes first:
   fleet's pods flip between 0, 1 and 2 requests every scrape.
 * It is written relative to the fleet's median level (the lower median of the pods above level 0): the
   ReplicaSet only compares pods, so what matters is each pod's place among the others. Behind an inference
-  gateway a bursty load moves every pod's level together by two or three steps within seconds (the
-  conversation hour x12 swings 36 -> 72 -> 33 in flight per pod); absolute levels rewrote the whole fleet
-  at every swing (~650 patches an hour on 8 pods) while their order hardly moved.
+  gateway a bursty load moves every pod's level together by two or three steps within seconds;
+  absolute levels rewrote the whole fleet at every swing (649-706 patches in the simulated conversation
+  hour x12 on about 8 pods, docs/scale-down.md) while their order hardly moved.
 * ``kv_step``: KV-cache use in tenths, the tie-break between pods on one level: the one with less context
   in flight loses fewer tokens.
 * A pod at level 0 (at most one request) gets ``IDLE_COST``: it goes first, and keeps its mark however
