@@ -247,7 +247,8 @@ POLICIES: Final[dict[str, tuple[str, float, tuple[float, ...]]]] = {
 }
 
 
-def make_policy(name: str, knob: float | None = None) -> Policy:
+def make_policy(name: str, knob: float | None = None, ttft_slo_s: float | None = None) -> Policy:
+    """``ttft_slo_s``: the composite's ``ttftSloSeconds`` (the other policies know no SLO)."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     knob_name, default, _ = POLICIES[name]
@@ -255,7 +256,8 @@ def make_policy(name: str, knob: float | None = None) -> Policy:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name}: {knob_name} must be > 0")
     if name == "composite":
-        return CompositePolicy(name, value, knob_name)
+        params = dataclasses.replace(ScoringParams(), ttft_slo_s=ttft_slo_s)
+        return CompositePolicy(name, value, knob_name, params=params)
     if name == "queue":
         return QueuePolicy(name, value, knob_name)
     if name in ("kv", "gpu-util", "cpu"):

@@ -6,14 +6,40 @@ Step time of one engine iteration, in ms::
 
 P prefill tokens in the step, D decoding sequences, K context tokens of the decoding sequences,
 p_i/q_i a prefill chunk and the prefix already computed before it.
+
+The first three profiles are the reference's P1-P3. The next three have other knees (what limits the
+replica first), derived with the reference's own formulas (§2.2 KV capacity, §2.4 coefficients) from the
+sources each names:
+
+* ``70b-h100x2`` — KV-bound: Llama-3.1-70B FP8 on 2xH100 (TP2). KV = 2·79.6·0.9 - 67.7 (weights) - 5.5
+  - 2·0.6 = 68.9 GiB = 225k tokens (the reference's NIM cross-check), a third of P2's pool; c = 18.6 ms
+  (NIM TP2 FP8 ITL floor), b = 0.081 ms/token (NIM TP2 prefill), d as P3, e = 160 KiB/GPU over 70 % of
+  3.35 TB/s = 0.070, f as P3 (same FLOPs per GPU as H200).
+* ``8b-a100`` — sequence-capped: Llama-3.1-8B BF16 on 1xA100-80GB, where vLLM's default max_num_seqs is
+  256 (§0). c = 10 ms (vLLM CI A100 8B 12.3 ms/step offline, less the ~20 % the offline harness runs above
+  online ITL), b = P1's x 2.2 (Splitwise: A100 prompt phase 2.1-2.4x slower) = 0.038, d = P1's x 1.5
+  (token phase 1.5x), e = 128 KiB over 70 % of 2.0 TB/s = 0.094, f = P1's x 989/312 (dense BF16 FLOPs)
+  = 3.7e-6; KV = 74.5·0.9 - 15.0 - 5.5 - 0.15 = 46.4 GiB = 380k tokens.
+* ``32b-h100`` — a smaller model on one GPU with a small KV pool: Qwen2.5-32B FP8 (64 layers, 8 KV heads
+  of 128: 256 KiB/token BF16 KV) on 1xH100. Weights 32.8 GB = 30.5 GiB; KV = 79.6·0.9 - 30.5 - 5.5 - 0.15
+  = 35.5 GiB = 145k tokens; c = 32.8 GB over 80 % of 3.35 TB/s + ~1 ms = 13 ms, b = 2·32.5 GFLOP over 45 %
+  of 1979 FP8 TFLOPS = 0.072, d = 0.02 (rough, as P2), e = 256 KiB over 70 % of 3.35 TB/s = 0.112,
+  f = 4·64·5120 over 45 % of 989 TFLOPS = 2.9e-6; cold start as P1's range scaled by weights (~2x).
+
+``load_profile(path)`` reads a user's own (JSON or YAML, the fields of ``Profile``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
+import math
 from dataclasses import dataclass
-from typing import Final
+from pathlib import Path
+from typing import Any, Final
 
-__all__ = ["PROFILES", "Profile"]
+__all__ = ["PROFILES", "Profile", "get_profile", "load_profile"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,5 +80,106 @@ PROFILES: Final[dict[str, Profile]] = {
         Profile(
             "70b-h200x2", "Llama-3.1-70B FP8, 2xH200 (TP2)", 15.0, 0.068, 0.05, 0.049, 2.95e-6, 582_000, 2, 200.0, 300.0
         ),
+        Profile(
+            "70b-h100x2",
+            "Llama-3.1-70B FP8, 2xH100 (TP2): KV-bound, a third of 70b-h100x4's pool",
+            18.6,
+            0.081,
+            0.05,
+            0.070,
+            2.95e-6,
+            225_000,
+            2,
+            220.0,
+            320.0,
+        ),
+        Profile(
+            "8b-a100",
+            "Llama-3.1-8B BF16, 1xA100-80GB: max_num_seqs 256 (vLLM's default there)",
+            10.0,
+            0.038,
+            0.009,
+            0.094,
+            3.7e-6,
+            380_000,
+            1,
+            90.0,
+            150.0,
+            max_num_seqs=256,
+        ),
+        Profile(
+            "32b-h100",
+            "Qwen2.5-32B FP8, 1xH100: one GPU, a small KV pool (145k tokens)",
+            13.0,
+            0.072,
+            0.02,
+            0.112,
+            2.9e-6,
+            145_000,
+            1,
+            150.0,
+            240.0,
+        ),
     )
 }
+
+_NUMBERS: Final = ("c_ms", "b_ms", "d_ms", "e_ms", "f_ms", "cold_start_mean_s", "cold_start_p90_s")
+_COUNTS: Final = ("kv_tokens", "gpus", "max_num_batched_tokens", "max_num_seqs")
+
+
+def load_profile(path: Path) -> Profile:
+    """A profile from a JSON or YAML file with the fields of ``Profile`` (``name`` defaults to the file's
+    stem, ``description`` to its path; ``max_num_batched_tokens`` and ``max_num_seqs`` to vLLM's)."""
+    text = path.read_text()
+    data: Any
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    else:
+        import yaml  # a dependency of the package (kubeconfig files)
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ValueError(f"{path}: not valid YAML") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a profile is a mapping of the fields {', '.join(_NUMBERS + _COUNTS)}")
+    fields = {f.name for f in dataclasses.fields(Profile)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise ValueError(f"{path}: unknown profile field(s) {', '.join(map(str, unknown))}")
+    values: dict[str, Any] = {
+        "name": str(data.get("name", path.stem)),
+        "description": str(data.get("description", path)),
+    }
+    for key in _NUMBERS + _COUNTS:
+        if key not in data:
+            if key in ("max_num_batched_tokens", "max_num_seqs"):
+                continue
+            raise ValueError(f"{path}: missing profile field {key!r}")
+        raw = data[key]
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+            raise ValueError(f"{path}: {key} must be a number, not {raw!r}")
+        if key in _COUNTS:
+            if raw != int(raw) or raw < 1:
+                raise ValueError(f"{path}: {key} must be a whole number >= 1, not {raw!r}")
+            raw = int(raw)
+        elif raw < 0 or (key == "c_ms" and raw <= 0):
+            raise ValueError(f"{path}: {key} must be {'> 0' if key == 'c_ms' else '>= 0'}, not {raw!r}")
+        values[key] = raw
+    if values["cold_start_p90_s"] < values["cold_start_mean_s"]:
+        raise ValueError(f"{path}: cold_start_p90_s must be >= cold_start_mean_s")
+    return Profile(**values)
+
+
+@functools.lru_cache(maxsize=32)
+def get_profile(name_or_path: str) -> Profile:
+    """A bundled profile by name, or a profile file (JSON/YAML) by path."""
+    if name_or_path in PROFILES:
+        return PROFILES[name_or_path]
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ValueError(f"--profile {name_or_path!r}: neither a bundled profile ({', '.join(PROFILES)}) nor a file")
+    return load_profile(path)

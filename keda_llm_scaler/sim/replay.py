@@ -15,8 +15,9 @@ from typing import Any
 
 from keda_llm_scaler.sim.fleet import ROUTINGS, VICTIMS
 from keda_llm_scaler.sim.hpa import BEHAVIORS
+from keda_llm_scaler.sim.mixes import MIXES, TRACE_MIX
 from keda_llm_scaler.sim.policies import POLICIES
-from keda_llm_scaler.sim.profiles import PROFILES
+from keda_llm_scaler.sim.profiles import PROFILES, get_profile
 from keda_llm_scaler.sim.run import RunConfig, capacity_at_slo, simulate
 from keda_llm_scaler.sim.trace import TRACES
 from keda_llm_scaler.sim.workload import BUNDLED_CURVE, CurveWorkload, TraceWorkload, Workload, parse_hours
@@ -60,6 +61,13 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
         "ServeGen client file; 'servegen' = the bundled aggregate. Non-homogeneous Poisson "
         "arrivals, the --trace token mix, deterministic per --seed",
     )
+    w.add_argument(
+        "--mix",
+        default=TRACE_MIX,
+        choices=list(MIXES),
+        help="token mix: the trace's own (conversation), or a bundled one drawn per request with the "
+        "trace's arrivals (prefill-heavy, decode-heavy: docs/replay.md) (default conversation)",
+    )
     w.add_argument("--curve-model", default=None, help="with --rate-curve: the model column to use (e.g. m-small)")
     w.add_argument(
         "--hours",
@@ -78,7 +86,13 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
     f = p.add_argument_group("fleet")
     f.add_argument("--policy", default="composite", choices=list(POLICIES), help="default composite")
     f.add_argument("--knob", type=float, default=None, help="the policy's main knob (see README); default per policy")
-    f.add_argument("--profile", default="70b-h100x4", choices=list(PROFILES), help="default 70b-h100x4")
+    f.add_argument(
+        "--profile",
+        default="70b-h100x4",
+        metavar="NAME|FILE",
+        help=f"a bundled replica profile ({', '.join(PROFILES)}) or a JSON/YAML file with the step-time "
+        "coefficients, KV pool, max_num_seqs and cold start of your own (see docs/replay.md) (default 70b-h100x4)",
+    )
     f.add_argument(
         "--routing",
         default="least-loaded",
@@ -95,7 +109,18 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
         "scaler keeps each pod's pod-deletion-cost current from its load (a pass per 10 s while a "
         "scale-down is plausible, at most 16 writes), so the least busy pod goes first (default random)",
     )
-    f.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO in seconds (default 2)")
+    f.add_argument(
+        "--slo-ttft",
+        type=float,
+        default=2.0,
+        help="TTFT SLO in seconds, measured, and given to the composite as ttftSloSeconds (default 2)",
+    )
+    f.add_argument(
+        "--no-composite-slo",
+        dest="composite_slo",
+        action="store_false",
+        help="the composite runs without ttftSloSeconds (to show what the SLO guardrail does)",
+    )
     f.add_argument(
         "--hpa-behavior",
         default="default",
@@ -201,6 +226,7 @@ def _config(args: argparse.Namespace, policy: str, knob: float | None) -> RunCon
         warm_nodes=args.warm_nodes,
         node_provision_s=args.node_provision_s,
         seed=args.seed,
+        composite_slo=args.composite_slo,
     )
 
 
@@ -215,8 +241,9 @@ def load_workload(args: argparse.Namespace) -> Workload:
             rate_scale=args.rate_scale,
             peak_rate=args.peak_rate,
             seed=args.seed,
+            mix=args.mix,
         )
-    return TraceWorkload.from_file(args.trace, args.rate_scale, args.seed, args.hours)
+    return TraceWorkload.from_file(args.trace, args.rate_scale, args.seed, args.hours, args.mix)
 
 
 def _rss_mb() -> float:
@@ -432,7 +459,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def static_sizes(workload: Workload, args: argparse.Namespace) -> tuple[float, ...]:
     """Static fleets worth sweeping: around the busiest minute's rate over one replica's SLO capacity."""
-    cap = capacity_at_slo(PROFILES[args.profile], workload.token_mix(4000, args.seed), args.slo_ttft, seed=args.seed)
+    cap = capacity_at_slo(get_profile(args.profile), workload.token_mix(4000, args.seed), args.slo_ttft, seed=args.seed)
     per_minute: dict[int, int] = {}
     for t, _, _ in workload.rows():
         per_minute[int(t // 60)] = per_minute.get(int(t // 60), 0) + 1
@@ -442,7 +469,7 @@ def static_sizes(workload: Workload, args: argparse.Namespace) -> tuple[float, .
 
 def describe_setup(args: argparse.Namespace, workload: Workload) -> str:
     """One line that says how a figure was made."""
-    cold = f"{args.cold_start:g}" if args.cold_start is not None else f"{PROFILES[args.profile].cold_start_mean_s:g}"
+    cold = f"{args.cold_start:g}" if args.cold_start is not None else f"{get_profile(args.profile).cold_start_mean_s:g}"
     nodes = (
         f", {args.warm_nodes} warm nodes + {args.node_provision_s:g} s per new node"
         if args.warm_nodes is not None

@@ -20,7 +20,7 @@ from keda_llm_scaler.sim.fleet import DRAINING, READY, STARTING, Fleet, ScaleDow
 from keda_llm_scaler.sim.hpa import BEHAVIORS, Hpa
 from keda_llm_scaler.sim.oracle import oracle_schedule
 from keda_llm_scaler.sim.policies import OraclePolicy, Policy, make_policy
-from keda_llm_scaler.sim.profiles import PROFILES, Profile
+from keda_llm_scaler.sim.profiles import Profile, get_profile
 from keda_llm_scaler.sim.ranker import Ranker
 from keda_llm_scaler.sim.replica import REJECTED, Request, SimReplica
 from keda_llm_scaler.sim.trace import TraceRequest
@@ -67,6 +67,7 @@ class RunConfig:
     warm_nodes: int | None = None  # None: every pod finds a node at once
     node_provision_s: float = 0.0
     seed: int = 0
+    composite_slo: bool = True  # the composite is given slo_ttft_s as ttftSloSeconds, as a user with an SLO would
     keep_requests: bool = False
 
 
@@ -148,15 +149,14 @@ def idle_ttfts(profile: Profile, mix: Iterable[tuple[int, int]]) -> list[float]:
 
 @functools.lru_cache(maxsize=64)
 def _capacity_cached(
-    profile_name: str, mix: tuple[tuple[int, int], ...], slo_ttft_s: float, duration_s: float, seed: int
+    profile: Profile, mix: tuple[tuple[int, int], ...], slo_ttft_s: float, duration_s: float, seed: int
 ) -> float:
-    profile = PROFILES[profile_name]
     floor = idle_ttfts(profile, mix)
     reachable = [ttft <= slo_ttft_s for ttft in floor]
     if not any(reachable):
         raise ValueError(
             f"no request of this token mix has a first token within {slo_ttft_s:g} s even on an "
-            f"idle {profile_name} replica: the SLO cannot be met"
+            f"idle {profile.name} replica: the SLO cannot be met"
         )
 
     def attained(rate: float) -> bool:
@@ -205,7 +205,7 @@ def capacity_at_slo(
     pairs = tuple((r.prompt, r.output) if isinstance(r, TraceRequest) else (int(r[0]), int(r[1])) for r in mix)
     if not pairs:
         raise ValueError("capacity needs a token mix")
-    return _capacity_cached(profile.name, pairs, slo_ttft_s, duration_s, seed)
+    return _capacity_cached(profile, pairs, slo_ttft_s, duration_s, seed)
 
 
 class _Accumulator:
@@ -284,8 +284,8 @@ def simulate(
 ) -> RunResult:
     if not isinstance(workload, Workload):
         workload = TraceWorkload("trace", workload)
-    profile = PROFILES[cfg.profile]
-    policy: Policy = make_policy(cfg.policy, cfg.knob)
+    profile = get_profile(cfg.profile)
+    policy: Policy = make_policy(cfg.policy, cfg.knob, ttft_slo_s=cfg.slo_ttft_s if cfg.composite_slo else None)
     end = workload.duration_s
     cold_mean = profile.cold_start_mean_s if cfg.cold_start_s is None else cfg.cold_start_s
     cold_p90 = cold_mean * profile.cold_start_p90_s / profile.cold_start_mean_s

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from keda_llm_scaler.sim.mixes import TRACE_MIX, apply_mix, sample_mix
 from keda_llm_scaler.sim.trace import TraceRequest, load_trace, scale_rate
 
 __all__ = ["BUNDLED_CURVE", "CurveWorkload", "TraceWorkload", "Workload", "load_curve", "parse_hours"]
@@ -61,6 +62,7 @@ class TraceWorkload(Workload):
     name: str
     trace: Sequence[TraceRequest]
     rate_scale: float = 1.0
+    mix: str = TRACE_MIX
 
     duration_s: float = field(init=False, default=0.0)
 
@@ -69,10 +71,18 @@ class TraceWorkload(Workload):
 
     @classmethod
     def from_file(
-        cls, path: Path, rate_scale: float = 1.0, seed: int = 0, hours: tuple[float, float] | None = None
+        cls,
+        path: Path,
+        rate_scale: float = 1.0,
+        seed: int = 0,
+        hours: tuple[float, float] | None = None,
+        mix: str = TRACE_MIX,
     ) -> TraceWorkload:
         trace = load_trace(path)
         name = path.name
+        if mix != TRACE_MIX:
+            trace = apply_mix(trace, mix, seed)
+            name += f" [{mix} mix]"
         if hours is not None:
             a, b = hours[0] * 3600.0, hours[1] * 3600.0
             span = trace[-1].t
@@ -86,7 +96,7 @@ class TraceWorkload(Workload):
             name += f" h{hours[0]:g}-{hours[1]:g}"
         if rate_scale != 1.0:
             trace = scale_rate(trace, rate_scale, seed)
-        return cls(name, trace, rate_scale)
+        return cls(name, trace, rate_scale, mix)
 
     def requests(self) -> Iterator[TraceRequest]:
         return iter(self.trace)
@@ -99,7 +109,7 @@ class TraceWorkload(Workload):
         return [(r.prompt, r.output) for r in rnd.sample(list(self.trace), min(len(self.trace), n))]
 
     def describe(self) -> dict[str, object]:
-        return {"workload": self.name, "duration_s": self.duration_s, "rate_scale": self.rate_scale}
+        return {"workload": self.name, "duration_s": self.duration_s, "rate_scale": self.rate_scale, "mix": self.mix}
 
 
 def parse_hours(raw: str) -> tuple[float, float]:
@@ -182,6 +192,7 @@ class CurveWorkload(Workload):
         rate_scale: float = 1.0,
         peak_rate: float | None = None,
         seed: int = 0,
+        mix: str = TRACE_MIX,
     ) -> CurveWorkload:
         rates, window = load_curve(curve, model)
         if hours is not None:
@@ -199,19 +210,23 @@ class CurveWorkload(Workload):
         factor = rate_scale * (peak_rate / max(rates) if peak_rate is not None else 1.0)
         trace = load_trace(mix_trace)
         label = f"{curve.name}:{model}" if model else curve.name
+        pairs = sample_mix(mix, [(r.prompt, r.output) for r in trace], seed=seed)
         if hours is not None:  # whole windows: say which
             label += f" h{first * window / 3600:g}-{min(last, first + len(rates)) * window / 3600:g}"
+        if mix != TRACE_MIX:
+            label += f" [{mix} mix]"
         return cls(
             label,
             [r * factor for r in rates],
             window,
-            [(r.prompt, r.output) for r in trace],
+            pairs,
             seed,
             {
                 "curve": curve.name,
                 "curve_model": model,
                 "hours": list(hours) if hours else None,
-                "token_mix": mix_trace.name,
+                "token_mix": mix_trace.name if mix == TRACE_MIX else mix,
+                "mix": mix,
                 "curve_factor": factor,
             },
         )
