@@ -52,6 +52,7 @@ delays is the horizon (DEFAULT_STARTUP_S until one is seen).
 
 from __future__ import annotations
 
+import heapq
 import math
 import statistics
 from collections import deque
@@ -77,6 +78,9 @@ KV_KNEE_SHAPE: Final = 0.07  # b in u = kv (1 + b) / (kv + b): see kv_utilizatio
 MIN_PROVISIONAL_UTILIZATION: Final = 0.2
 DEFAULT_STARTUP_S: Final = 180.0  # until one start-up is seen: a 70B start on a warm node is 3-5 min
 SATURATED_KV: Final = 0.9
+DEFAULT_QUEUE_KNEE_S: Final = 1.0  # without a TTFT SLO: a second in the queue is past any chat knee
+QUEUE_KNEE_SLO_SHARE: Final = 0.5  # with one: half the SLO spent waiting to be scheduled
+MIX_TOLERANCE: Final = 0.3  # a capacity reading describes mixes within 30 % of its tokens per request
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,10 @@ class ReplicaCounters:
     running: float
     kv_usage_max: float
     preemptions_total: float | None = None
+    queue_count: float | None = None  # requests that have left the queue (cumulative, queue-time histogram)
+    queue_sum_s: float | None = None  # and the seconds they waited
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,21 +125,36 @@ class DemandEstimate:
     growth_rps: float
     need_rps: float
     capacity_rps: float | None
-    capacity_source: str  # "configured" | "learned" | "provisional" | "unknown"
+    capacity_source: str  # "configured" | "learned" | "served" | "provisional" | "unknown"
     capacity_samples: int
     startup_s: float
     startup_source: str  # "configured" | "learned" | "default"
+    served_rps: float | None = None  # the highest rate one replica served healthily (a lower bound)
+
+    @property
+    def knee_known(self) -> bool:
+        """The capacity was configured or measured past a knee; else it is a prior (KV) or a lower bound."""
+        return self.capacity_source in ("configured", "learned")
 
     def replicas(self, target_utilization: float) -> float | None:
         """Replica-equivalents the need asks for, each replica planned at ``target_utilization``; None
         when there is no usable capacity (never a division by zero or an infinite answer)."""
-        if self.capacity_rps is None:
-            return None
-        per_replica = self.capacity_rps * target_utilization
-        if not (math.isfinite(per_replica) and per_replica > 0):
-            return None
-        value = self.need_rps / per_replica
-        return value if math.isfinite(value) else None
+        return _ratio(self.need_rps, None if self.capacity_rps is None else self.capacity_rps * target_utilization)
+
+    def beyond_served(self, target_utilization: float) -> float | None:
+        """Replicas the need asks for with each replica planned at ``target_utilization`` of the highest rate
+        one replica has been seen to serve healthily over 30 s (None: no such reading). Without a known knee
+        the fleet is not grown past this: that rate sits above a steady load's mean by its own spread, so a
+        fleet holding a steady load is not grown, while a load rising past it asks for replicas before any
+        saturates."""
+        return _ratio(self.need_rps, None if self.served_rps is None else self.served_rps * target_utilization)
+
+
+def _ratio(need: float, per_replica: float | None) -> float | None:
+    if per_replica is None or not (math.isfinite(per_replica) and per_replica > 0):
+        return None
+    value = need / per_replica
+    return value if math.isfinite(value) else None
 
 
 def kv_utilization(kv: float) -> float:
@@ -150,14 +173,26 @@ def kv_utilization(kv: float) -> float:
     return kv * (1 + KV_KNEE_SHAPE) / (kv + KV_KNEE_SHAPE)
 
 
-def is_saturated(waiting: float, prev_waiting: float, running: float, kv_usage_max: float, preempted: bool) -> bool:
-    """Past the knee: a queue kept across two scrapes while the KV pool is full or the engine preempts.
+def is_saturated(
+    waiting: float,
+    prev_waiting: float,
+    running: float,
+    kv_usage_max: float,
+    preempted: bool,
+    queue_wait_s: float | None = None,
+    queue_knee_s: float = DEFAULT_QUEUE_KNEE_S,
+) -> bool:
+    """Past the knee: a queue kept across two scrapes while the KV pool is full, the engine preempts, or
+    the requests that left the queue meanwhile waited ``queue_knee_s`` on average (half the TTFT SLO).
 
-    A queue alone is not enough: below the knee a chunked-prefill budget makes requests wait a step or
-    two, and a replica filling up after a burst finishes fewer requests than it will serve.
+    The last is what a prefill-bound replica shows (long prompts: the token budget, not KV, is full, and
+    KV reads 0.1); a sequence-capped one too (``max_num_seqs`` reached, KV half empty). A queue alone is
+    not enough: below the knee a chunked-prefill budget makes requests wait a step or two, and a replica
+    filling up after a burst finishes fewer requests than it will serve.
     """
     queued = waiting >= max(1.0, 0.05 * running) and prev_waiting >= 1.0
-    return queued and (kv_usage_max >= SATURATED_KV or preempted)
+    waited = queue_wait_s is not None and queue_wait_s >= queue_knee_s
+    return queued and (kv_usage_max >= SATURATED_KV or preempted or waited)
 
 
 @dataclass
@@ -169,6 +204,8 @@ class _Last:
     waiting: float
     running: float
     preemptions: float | None
+    queue_count: float | None = None
+    queue_sum: float | None = None
 
 
 @dataclass
@@ -180,6 +217,9 @@ class _Bin:
     util_s: float  # sum over the counted replicas of kv_utilization x seconds
     replica_s: float  # counted replica-seconds
     complete: bool
+    prompt_tokens: float = 0.0  # at the replicas that count tokens
+    generation_tokens: float = 0.0
+    token_requests: float = 0.0  # requests finished at those replicas
 
     @property
     def rate(self) -> float:
@@ -202,25 +242,74 @@ def bin_seconds(scrape_interval: float) -> float:
     return max(scrape_interval, min(BIN_S, 4 * scrape_interval))
 
 
-SAMPLE_MAX_AGE_S: Final = 3600.0  # a capacity reading older than this no longer describes the mix
+SAMPLE_MAX_AGE_S: Final = 3600.0  # without token counters: a capacity reading older than this is dropped
+MIN_MIX_REQUESTS: Final = 20
+SERVED_WINDOW_S: Final = 30.0  # a replica's served rate is read over this long, every interval healthy
+SERVED_SETTLE_S: Final = 120.0  # not in a replica's first minutes: least-loaded routing floods a new pod
+SERVED_SAMPLES: Final = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Mix:
+    """Tokens per request the fleet served: what a capacity in requests/s is a capacity of."""
+
+    prompt: float
+    generated: float
+
+    def near(self, other: Mix) -> bool:
+        return all(
+            abs(a - b) <= MIX_TOLERANCE * max(a, b, 1.0)
+            for a, b in ((self.prompt, other.prompt), (self.generated, other.generated))
+        )
+
+
+def _describes(t: float, sample_mix: Mix | None, now: float | None, mix: Mix | None) -> bool:
+    """A capacity reading describes the fleet while its mix holds (within MIX_TOLERANCE, however long
+    ago it was taken); where tokens are not counted, for SAMPLE_MAX_AGE_S."""
+    if sample_mix is not None and mix is not None:
+        return sample_mix.near(mix)
+    return now is None or t > now - SAMPLE_MAX_AGE_S
+
+
+def _mean_wait(
+    count: float | None, total: float | None, prev_count: float | None, prev_total: float | None
+) -> float | None:
+    """Mean queue time of the requests that left the queue between two scrapes (None: none did, or the
+    engine exports no queue-time histogram, or it reset)."""
+    if count is None or total is None or prev_count is None or prev_total is None:
+        return None
+    n, waited = count - prev_count, total - prev_total
+    if n <= 0 or waited < 0:
+        return None
+    return waited / n
 
 
 class DemandTracker:
     def __init__(
-        self, scrape_interval: float = 5.0, config: DemandConfig | None = None, retain_s: float | None = None
+        self,
+        scrape_interval: float = 5.0,
+        config: DemandConfig | None = None,
+        retain_s: float | None = None,
+        queue_knee_s: float = DEFAULT_QUEUE_KNEE_S,
     ) -> None:
         self.config = config or DemandConfig()
+        self.queue_knee_s = queue_knee_s
         # bins are kept for the longest window any reader asks for (triggers sharing one fleet)
         self.retain_s = max(retain_s or 0.0, self.config.history_s)
         self._measured_startups = False
         self.bin_s = bin_seconds(scrape_interval)
         self._last: dict[str, _Last] = {}
         self._bins: deque[_Bin] = deque()
-        self._capacity: deque[tuple[float, str, float]] = deque(maxlen=CAPACITY_SAMPLES)  # (t, url, req/s)
+        # (t, url, req/s, the fleet's mix then: tokens per request or None)
+        self._capacity: deque[tuple[float, str, float, Mix | None]] = deque(maxlen=CAPACITY_SAMPLES)
         self._startups: deque[float] = deque(maxlen=STARTUP_SAMPLES)
         self._pending_starts: deque[float] = deque()
         self._starting: int | None = None
         self._members: set[str] | None = None
+        self._tokens: dict[str, tuple[float | None, float | None]] = {}
+        self._first_seen: dict[str, float] = {}
+        self._intervals: dict[str, deque[tuple[float, float, float, float]]] = {}  # (t, arrived, dt, util)
+        self._served: list[tuple[float, float, Mix | None]] = []  # (req/s, t, mix): the highest SERVED_SAMPLES
         self._prev_t: float | None = None
         self._open_t: float | None = None
         self._open = _Bin(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, True)
@@ -238,6 +327,7 @@ class DemandTracker:
         if self._prev_t is not None and now <= self._prev_t:
             return  # the clock did not move: nothing to count over
         arrivals = util = covered_s = 0.0
+        tokens = [0.0, 0.0, 0.0]  # prompt, generation, finished requests at replicas that count tokens
         seen: set[str] = set()
         for r in replicas:
             seen.add(r.url)
@@ -251,9 +341,27 @@ class DemandTracker:
             waiting, running = nonneg(r.waiting), nonneg(r.running)
             in_flight = waiting + running
             last = self._last.get(r.url)
-            self._last[r.url] = _Last(now, finished, rejected, in_flight, waiting, running, r.preemptions_total)
+            self._last[r.url] = _Last(
+                now, finished, rejected, in_flight, waiting, running, r.preemptions_total, r.queue_count, r.queue_sum_s
+            )
+            prompt_tokens, generation_tokens = _count(r.prompt_tokens_total), _count(r.generation_tokens_total)
             if last is None:
+                self._tokens[r.url] = (prompt_tokens, generation_tokens)
                 continue
+            prev_prompt, prev_gen = self._tokens.get(r.url, (None, None))
+            self._tokens[r.url] = (prompt_tokens, generation_tokens)
+            if (
+                prompt_tokens is not None
+                and generation_tokens is not None
+                and prev_prompt is not None
+                and prev_gen is not None
+                and prompt_tokens >= prev_prompt
+                and generation_tokens >= prev_gen
+                and finished >= last.finished
+            ):
+                tokens[0] += prompt_tokens - prev_prompt
+                tokens[1] += generation_tokens - prev_gen
+                tokens[2] += finished - last.finished
             dt = now - last.t
             if finished < last.finished or rejected < last.rejected:
                 came = finished + rejected + in_flight  # the engine restarted: all of it arrived since
@@ -271,14 +379,62 @@ class DemandTracker:
                 and r.preemptions_total > last.preemptions
             )
             took = finished - last.finished + running - last.running  # finished + growth of the batch
-            if finished > last.finished and is_saturated(waiting, last.waiting, running, nonneg(kv), preempted):
-                self._capacity.append((now, r.url, max(0.0, took) / dt))
+            wait = _mean_wait(r.queue_count, r.queue_sum_s, last.queue_count, last.queue_sum)
+            saturated = is_saturated(waiting, last.waiting, running, nonneg(kv), preempted, wait, self.queue_knee_s)
+            if finished > last.finished and saturated:
+                self._capacity.append((now, r.url, max(0.0, took) / dt, self.mix(now)))
+            healthy = not (
+                saturated
+                or preempted
+                or rejected > last.rejected
+                or nonneg(kv) >= SATURATED_KV
+                or (waiting >= 1.0 and last.waiting >= 1.0)
+                or (wait is not None and wait >= self.queue_knee_s)
+            )
+            self._note_served(now, r.url, came, dt, healthy, kv_utilization(nonneg(kv)))
         for gone in set(self._last) - seen:
             # gone, or this scrape failed: the next good one starts a new interval rather than dumping
             # the gap's arrivals into one bin (the bin's coverage scales for the replicas not counted)
             del self._last[gone]
+            self._tokens.pop(gone, None)
+            self._intervals.pop(gone, None)  # a failed scrape breaks the healthy run
+        for left in set(self._first_seen) - members:
+            del self._first_seen[left]
         self._track_startups(now, starting, appeared)
+        self._open.prompt_tokens += tokens[0]
+        self._open.generation_tokens += tokens[1]
+        self._open.token_requests += tokens[2]
         self._add_arrivals(now, arrivals, util, covered_s, len(members))
+
+    def _note_served(self, now: float, url: str, arrived: float, dt: float, healthy: bool, util: float) -> None:
+        """A replica's arrivals over the last SERVED_WINDOW_S, every interval of it healthy (no kept queue,
+        KV below SATURATED_KV, no preemption, reject or long wait), is a rate it served within its knee;
+        counted only where it was busy (KV-read utilization at least MIN_PROVISIONAL_UTILIZATION), so
+        that a fleet that never worked does not take its trickle for a capacity and stay up."""
+        first = self._first_seen.setdefault(url, now - dt)
+        runs = self._intervals.setdefault(url, deque())
+        if not healthy:
+            runs.clear()
+            return
+        runs.append((now, arrived, dt, util))
+        while runs and runs[0][0] - runs[0][2] < now - SERVED_WINDOW_S - 1e-9:
+            runs.popleft()
+        span = math.fsum(d for _, _, d, _ in runs)
+        busy = math.fsum(u * d for _, _, d, u in runs) >= MIN_PROVISIONAL_UTILIZATION * span
+        if busy and span >= SERVED_WINDOW_S - 1e-9 and now - span >= first + SERVED_SETTLE_S:
+            reading = (math.fsum(a for _, a, _, _ in runs) / span, now, self.mix(now))
+            # only the highest readings matter (the bound is their maximum on the mix): a min-heap of them
+            if len(self._served) < SERVED_SAMPLES:
+                heapq.heappush(self._served, reading)
+            elif reading[0] > self._served[0][0]:
+                heapq.heapreplace(self._served, reading)
+
+    def served(self, now: float | None) -> float | None:
+        """The highest rate one replica served healthily over SERVED_WINDOW_S, on this mix (a lower bound
+        of its capacity, however the knee is shaped); None before any such reading."""
+        mix = self.mix(now)
+        rates = [r for r, t, m in self._served if _describes(t, m, now, mix)]
+        return max(rates) if rates else None
 
     def add_startup(self, seconds: float) -> None:
         """A start-up measured where discovery sees it (a pod's creation to Ready). Once one arrives, the
@@ -344,16 +500,33 @@ class DemandTracker:
             return None  # KV in use and nothing arriving (a stuck engine): no reading, not a capacity of 0
         return counted / util_s
 
+    def mix(self, now: float | None) -> Mix | None:
+        """The fleet's tokens per request (prompt, generated) over the calm window; None while no replica
+        counts tokens or too few requests finished to say (fewer than MIN_MIX_REQUESTS)."""
+        if now is None:
+            return None
+        window = [b for b in self._bins if b.end > now - self.config.calm_window_s]
+        n = math.fsum(b.token_requests for b in window)
+        if n < MIN_MIX_REQUESTS:
+            return None
+        return Mix(math.fsum(b.prompt_tokens for b in window) / n, math.fsum(b.generation_tokens for b in window) / n)
+
     # -- output ----------------------------------------------------------------------------------
     def capacity(
         self, configured: float | None, now: float | None = None, config: DemandConfig | None = None
     ) -> tuple[float | None, str]:
         if configured is not None:
             return configured, "configured"
-        fresh = [c for t, _, c in self._capacity if now is None or t > now - SAMPLE_MAX_AGE_S]
+        mix = self.mix(now) if now is not None else None
+        fresh = [c for t, _, c, m in self._capacity if _describes(t, m, now, mix)]
+        served = self.served(now)
         if len(fresh) >= MIN_CAPACITY_SAMPLES and (learned := statistics.median(fresh)) > 0:
-            return learned, "learned"
-        if now is not None and (prior := self.provisional_capacity(now, config)) is not None:
+            # a replica thrashing past a KV cliff takes in less than it served before it got there
+            return max(learned, served or 0.0), "learned"
+        prior = self.provisional_capacity(now, config) if now is not None else None
+        if served is not None and (prior is None or served >= prior):
+            return served, "served"
+        if prior is not None:
             return prior, "provisional"
         return None, "unknown"
 
@@ -415,4 +588,5 @@ class DemandTracker:
             capacity_samples=len(self._capacity),
             startup_s=horizon,
             startup_source=horizon_source,
+            served_rps=self.served(now),
         )

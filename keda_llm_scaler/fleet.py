@@ -12,7 +12,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from keda_llm_scaler.demand import DemandConfig, DemandEstimate, DemandTracker, ReplicaCounters
+from keda_llm_scaler.demand import (
+    DEFAULT_QUEUE_KNEE_S,
+    QUEUE_KNEE_SLO_SHARE,
+    DemandConfig,
+    DemandEstimate,
+    DemandTracker,
+    ReplicaCounters,
+)
 from keda_llm_scaler.errors import NoFreshData
 from keda_llm_scaler.policy import Composite, ReplicaInput, ScoringParams, composite
 from keda_llm_scaler.rates import DEFAULT_WINDOW_S, CounterWindow, HistogramWindow, SeriesCounter, SeriesHistogram
@@ -110,6 +117,8 @@ class _ReplicaState:
             ("rejects", self.rejects, s.rejects_total),
             ("admitted", self.admitted, s.admitted_total),
             ("preemptions", self.preemptions, s.preemptions_total),
+            ("prompt_tokens", None, s.prompt_tokens_total),
+            ("generation_tokens", None, s.generation_tokens_total),
         ):
             self.totals[name] = None
             if value is None:
@@ -118,7 +127,9 @@ class _ReplicaState:
             if series:  # resets per series: the total only moves up (rates.SeriesCounter)
                 value = self.counters.setdefault(name, SeriesCounter()).observe(series)
             self.totals[name] = value
-            window.observe(now, value)
+            if window is not None:
+                window.observe(now, value)
+        self.totals["queue_count"] = self.totals["queue_sum"] = None
         for name, hwindow, hist, hseries in (
             ("ttft", self.ttft, s.ttft, s.ttft_series),
             ("queue_time", self.queue_time, s.queue_time, s.queue_time_series),
@@ -127,6 +138,8 @@ class _ReplicaState:
                 hist = self.histograms.setdefault(name, SeriesHistogram()).observe(dict(hseries))
             if hist is not None:
                 hwindow.observe(now, hist)
+                if name == "queue_time":
+                    self.totals["queue_count"], self.totals["queue_sum"] = hist.count, hist.sum
 
     def report(self, now: float, stale_after: float) -> ReplicaReport:
         if self.reason is None and self.last_ok == now:
@@ -142,10 +155,11 @@ class _ReplicaState:
             detail=self.detail,
             last_ok_age_s=None if self.last_ok is None else now - self.last_ok,
             signals=self.signals,
-            # an expired replica's last rates are history: an old reject must not hold the fleet up
-            reject_rate=None if state == EXPIRED else self.rejects.rate(),
-            admitted_rate=None if state == EXPIRED else self.admitted.rate(),
-            preemption_rate=None if state == EXPIRED else self.preemptions.rate(),
+            # an expired replica keeps its last rates, rejects included: a replica that stopped answering
+            # never counts for less than it did (property f); it leaves the sum when it leaves the fleet
+            reject_rate=self.rejects.rate(),
+            admitted_rate=self.admitted.rate(),
+            preemption_rate=self.preemptions.rate(),
         )
 
 
@@ -196,7 +210,8 @@ class FleetState:
         self.window_s = max(DEFAULT_WINDOW_S, 3 * scrape_interval)
         self._replicas: dict[str, _ReplicaState] = {}
         self._urls: list[str] = []
-        self.demand = DemandTracker(scrape_interval, demand or demand_config(params), retain_s)
+        knee = QUEUE_KNEE_SLO_SHARE * params.ttft_slo_s if params.ttft_slo_s is not None else DEFAULT_QUEUE_KNEE_S
+        self.demand = DemandTracker(scrape_interval, demand or demand_config(params), retain_s, knee)
 
     def update(
         self, now: float, observations: Iterable[Observation], starting: int = 0, startups: Iterable[float] = ()
@@ -232,6 +247,10 @@ class FleetState:
                     o.signals.running,
                     o.signals.kv_usage_max,
                     self._replicas[o.url].totals.get("preemptions"),
+                    queue_count=self._replicas[o.url].totals.get("queue_count"),
+                    queue_sum_s=self._replicas[o.url].totals.get("queue_sum"),
+                    prompt_tokens_total=self._replicas[o.url].totals.get("prompt_tokens"),
+                    generation_tokens_total=self._replicas[o.url].totals.get("generation_tokens"),
                 )
                 for o in obs
                 if o.signals is not None

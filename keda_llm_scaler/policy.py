@@ -233,6 +233,13 @@ def composite(
     }
     pressure = total
     rate = demand.replicas(p.target_utilization) if demand is not None else None
+    if rate is not None and demand is not None and not demand.knee_known:
+        # Before any replica was seen past its knee the capacity is a prior (read from KV, whose knee
+        # depends on the mix and the hardware: 0.1 on long prompts, 1.0 on a small pool) or the rate a
+        # replica served healthily (a lower bound). Either may hold a fleet or shrink it; it grows only
+        # as far as the need exceeds what replicas were seen to serve, so a fleet holding a steady load
+        # is not grown (property d) while a load rising past it is answered before anything saturates.
+        rate = min(rate, max(float(len(scores)), demand.beyond_served(p.target_utilization) or 0.0))
     if rate is not None and pressure > 0:
         # sizing for the load there is: a fleet with nothing in flight anywhere reads idle (IsActive
         # false, property h's converse), not busy for as long as the last 5 minutes' mean lasts

@@ -108,11 +108,13 @@ class ReplicaSignals:
     preemptions_total: float | None = None
     rejects_total: float | None = None
     admitted_total: float | None = None
+    prompt_tokens_total: float | None = None  # prompt tokens of the requests it took in
+    generation_tokens_total: float | None = None
     ttft: Histogram | None = None
     queue_time: Histogram | None = None
     # The counters' series, (counter, series key, value), counter one of "preemptions", "rejects",
-    # "admitted": resets are detected per series (one data-parallel engine restarting resets only its
-    # own), not on the pod's sum (``keda_llm_scaler.rates.SeriesCounter``).
+    # "admitted", "prompt_tokens", "generation_tokens": resets are detected per series (one data-parallel
+    # engine restarting resets only its own), not on the pod's sum (``keda_llm_scaler.rates.SeriesCounter``).
     counter_series: tuple[tuple[str, str, float], ...] = ()
     # Each series of the histograms, (series key, histogram), for the same reason.
     ttft_series: tuple[tuple[str, Histogram], ...] = ()

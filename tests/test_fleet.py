@@ -15,9 +15,9 @@ def signals(rejects: float, admitted: float) -> ReplicaSignals:
     )
 
 
-def test_an_expired_replica_keeps_no_rates() -> None:
-    # a replica that was rejecting, then stopped answering: its last reject rate must not hold the
-    # fleet's reject floor up forever (it counts at target, as any replica without data does)
+def test_an_expired_replica_keeps_its_reject_share() -> None:
+    # a replica that was rejecting, then stopped answering: it never counts for less than it did (property
+    # f). Before issue #20 its rates were dropped at expiry and the fleet's reject floor fell by its share.
     fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=5.0)
     calm = Observation("calm", signals(0.0, 0.0))
     for t, rejects in ((0.0, 0.0), (5.0, 50.0), (10.0, 100.0)):
@@ -30,8 +30,14 @@ def test_an_expired_replica_keeps_no_rates() -> None:
     gone = fleet.evaluate(30.0)
     report = next(r for r in gone.replicas if r.url == "r")
     assert report.state == EXPIRED
-    assert (report.reject_rate, report.admitted_rate, report.preemption_rate) == (None, None, None)
-    assert gone.composite is not None and gone.composite.reject == 0.0 and gone.composite.expired == 1
+    assert (report.reject_rate, report.admitted_rate) == (live.replicas[1].reject_rate, live.replicas[1].admitted_rate)
+    assert gone.composite is not None and gone.composite.expired == 1
+    assert gone.composite.reject == live.composite.reject
+    assert gone.composite.value >= live.composite.value
+    # it leaves the sum when it leaves the fleet
+    fleet.update(35.0, [calm])
+    left = fleet.evaluate(35.0)
+    assert left.composite is not None and left.composite.reject == 0.0
 
 
 def test_one_data_parallel_engine_restarting_keeps_the_pods_ttft_reading() -> None:

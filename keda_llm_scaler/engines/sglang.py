@@ -25,6 +25,8 @@ KV: Final = "sglang:token_usage"  # used KV tokens / max_total_num_tokens, a fra
 RETRACTIONS: Final = "sglang:num_retracted_requests_total"  # SGLang's preemption (2026 builds)
 FINISHED: Final = "sglang:num_requests_total"
 TTFT: Final = "sglang:time_to_first_token_seconds"
+PROMPT_TOKENS: Final = "sglang:prompt_tokens_total"
+GENERATION_TOKENS: Final = "sglang:generation_tokens_total"
 QUEUE_TIME: Final = "sglang:queue_time_seconds"
 
 
@@ -37,7 +39,9 @@ def _dp_rank(sample: Sample) -> str:
 class SglangAdapter:
     name = "sglang"
     sample_names = SampleNames(
-        {WAITING, RUNNING, KV, RETRACTIONS, FINISHED} | histogram_names(TTFT) | histogram_names(QUEUE_TIME)
+        {WAITING, RUNNING, KV, RETRACTIONS, FINISHED, PROMPT_TOKENS, GENERATION_TOKENS}
+        | histogram_names(TTFT)
+        | histogram_names(QUEUE_TIME)
     )
 
     def claims(self, samples: Samples) -> bool:
@@ -50,6 +54,7 @@ class SglangAdapter:
         kv = gauge_by_group(flt.require(samples, KV), _dp_rank, max)
         engines = assemble_engines(waiting, running, kv, (WAITING, RUNNING, KV), "dp_rank")
         retractions, finished = flt.select(samples, RETRACTIONS), flt.select(samples, FINISHED)
+        prompt, generation = flt.select(samples, PROMPT_TOKENS), flt.select(samples, GENERATION_TOKENS)
         return ReplicaSignals.from_engines(
             self.name,
             engines,
@@ -59,6 +64,13 @@ class SglangAdapter:
             # client aborts in num_aborted_requests_total, so the reject term stays unavailable.
             rejects_total=None,
             admitted_total=counter_sum(finished),
-            counter_series=(*counter_parts("preemptions", retractions), *counter_parts("admitted", finished)),
+            prompt_tokens_total=counter_sum(prompt),
+            generation_tokens_total=counter_sum(generation),
+            counter_series=(
+                *counter_parts("preemptions", retractions),
+                *counter_parts("admitted", finished),
+                *counter_parts("prompt_tokens", prompt),
+                *counter_parts("generation_tokens", generation),
+            ),
             **histograms(samples, {"ttft": TTFT, "queue_time": QUEUE_TIME}, flt.keep),
         )

@@ -31,6 +31,8 @@ ADMISSION_REJECTIONS: Final = "vllm:admission_rejections_total"
 HTTP_REQUESTS: Final = "http_requests_total"
 SUCCESS: Final = "vllm:request_success_total"
 TTFT: Final = "vllm:time_to_first_token_seconds"
+PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
+GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
 QUEUE_TIME: Final = "vllm:request_queue_time_seconds"
 
 
@@ -47,7 +49,8 @@ def _is_generation_handler(sample: Sample) -> bool:
 class VllmAdapter:
     name = "vllm"
     sample_names = SampleNames(
-        {WAITING, RUNNING, *KV_NAMES, PREEMPTIONS, ADMISSION_REJECTIONS, HTTP_REQUESTS, SUCCESS}
+        {WAITING, RUNNING, *KV_NAMES, PREEMPTIONS, ADMISSION_REJECTIONS, HTTP_REQUESTS, SUCCESS, PROMPT_TOKENS}
+        | {GENERATION_TOKENS}
         | histogram_names(TTFT)
         | histogram_names(QUEUE_TIME)
     )
@@ -74,6 +77,7 @@ class VllmAdapter:
                 reject_series = [s for s in http if s.labels.get("status") == "5xx"]
                 rejects = sum(s.value for s in reject_series)
         preemptions, success = flt.select(samples, PREEMPTIONS), flt.select(samples, SUCCESS)
+        prompt, generation = flt.select(samples, PROMPT_TOKENS), flt.select(samples, GENERATION_TOKENS)
         return ReplicaSignals.from_engines(
             self.name,
             engines,
@@ -81,10 +85,14 @@ class VllmAdapter:
             preemptions_total=counter_sum(preemptions),
             rejects_total=rejects,
             admitted_total=counter_sum(success),
+            prompt_tokens_total=counter_sum(prompt),
+            generation_tokens_total=counter_sum(generation),
             counter_series=(
                 *counter_parts("preemptions", preemptions),
                 *counter_parts("rejects", reject_series),
                 *counter_parts("admitted", success),
+                *counter_parts("prompt_tokens", prompt),
+                *counter_parts("generation_tokens", generation),
             ),
             **histograms(samples, {"ttft": TTFT, "queue_time": QUEUE_TIME}, flt.keep),
         )

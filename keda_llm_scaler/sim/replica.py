@@ -194,6 +194,8 @@ class SimReplica:
             preemptions_total=float(self.preemptions_total),
             rejects_total=float(self.rejects_total),
             admitted_total=float(self.finished_total),
+            prompt_tokens_total=float(self.prompt_tokens_total),
+            generation_tokens_total=float(self.generation_tokens_total),
             ttft=hist(self._ttft_counts, TTFT_BUCKETS, self._ttft_sum),
             queue_time=hist(self._queue_counts, QUEUE_TIME_BUCKETS, self._queue_sum),
         )
@@ -318,7 +320,6 @@ class SimReplica:
         self.clock += dt
         self.busy_s += dt
         self.steps += 1
-        self.prompt_tokens_total += prefill_tokens
         self.generation_tokens_total += decoding
         self.step_no += 1
         self.context += decoding
@@ -338,6 +339,7 @@ class SimReplica:
         self.generation_tokens_total += 1
         if r.first_token_at is None:
             r.first_token_at = self.clock
+            self.prompt_tokens_total += r.prompt  # as vLLM V1 counts it: once, at the first token
             ttft = self.clock - r.arrival
             self._ttft_sum += ttft
             self._ttft_counts[bisect_left(TTFT_BUCKETS, ttft)] += 1
