@@ -78,6 +78,7 @@ KV_KNEE_SHAPE: Final = 0.07  # b in u = kv (1 + b) / (kv + b): see kv_utilizatio
 MIN_PROVISIONAL_UTILIZATION: Final = 0.2
 DEFAULT_STARTUP_S: Final = 180.0  # until one start-up is seen: a 70B start on a warm node is 3-5 min
 SATURATED_KV: Final = 0.9
+DEFAULT_TTFT_SLO_S: Final = 2.0  # without ttftSloSeconds: what an interactive endpoint is held to
 DEFAULT_QUEUE_KNEE_S: Final = 1.0  # without a TTFT SLO: a second in the queue is past any chat knee
 QUEUE_KNEE_SLO_SHARE: Final = 0.5  # with one: half the SLO spent waiting to be scheduled
 MIX_TOLERANCE: Final = 0.3  # a capacity reading describes mixes within 30 % of its tokens per request
@@ -113,6 +114,8 @@ class ReplicaCounters:
     preemptions_total: float | None = None
     queue_count: float | None = None  # requests that have left the queue (cumulative, queue-time histogram)
     queue_sum_s: float | None = None  # and the seconds they waited
+    ttft_count: float | None = None  # requests that had their first token (cumulative, TTFT histogram)
+    ttft_sum_s: float | None = None
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
 
@@ -206,6 +209,8 @@ class _Last:
     preemptions: float | None
     queue_count: float | None = None
     queue_sum: float | None = None
+    ttft_count: float | None = None
+    ttft_sum: float | None = None
 
 
 @dataclass
@@ -244,6 +249,8 @@ def bin_seconds(scrape_interval: float) -> float:
 
 SAMPLE_MAX_AGE_S: Final = 3600.0  # without token counters: a capacity reading older than this is dropped
 MIN_MIX_REQUESTS: Final = 20
+FILLING_SHARE: Final = 1.1  # a running batch 10 % larger than a scrape ago is still filling
+HEALTHY_TTFT_SHARE: Final = 0.25  # served healthily: first tokens within a quarter of the SLO on average
 SERVED_WINDOW_S: Final = 30.0  # a replica's served rate is read over this long, every interval healthy
 SERVED_SETTLE_S: Final = 120.0  # not in a replica's first minutes: least-loaded routing floods a new pod
 SERVED_SAMPLES: Final = 256
@@ -290,10 +297,15 @@ class DemandTracker:
         scrape_interval: float = 5.0,
         config: DemandConfig | None = None,
         retain_s: float | None = None,
-        queue_knee_s: float = DEFAULT_QUEUE_KNEE_S,
+        ttft_slo_s: float | None = None,
     ) -> None:
+        """``ttft_slo_s``: the trigger's TTFT SLO (ttftSloSeconds), which says how long a wait is too long:
+        past a knee, half of it queued; healthy, a quarter of it to the first token on average."""
         self.config = config or DemandConfig()
-        self.queue_knee_s = queue_knee_s
+        self.queue_knee_s = QUEUE_KNEE_SLO_SHARE * ttft_slo_s if ttft_slo_s is not None else DEFAULT_QUEUE_KNEE_S
+        self.healthy_ttft_s = (
+            HEALTHY_TTFT_SHARE * ttft_slo_s if ttft_slo_s is not None else HEALTHY_TTFT_SHARE * DEFAULT_TTFT_SLO_S
+        )
         # bins are kept for the longest window any reader asks for (triggers sharing one fleet)
         self.retain_s = max(retain_s or 0.0, self.config.history_s)
         self._measured_startups = False
@@ -342,7 +354,17 @@ class DemandTracker:
             in_flight = waiting + running
             last = self._last.get(r.url)
             self._last[r.url] = _Last(
-                now, finished, rejected, in_flight, waiting, running, r.preemptions_total, r.queue_count, r.queue_sum_s
+                now,
+                finished,
+                rejected,
+                in_flight,
+                waiting,
+                running,
+                r.preemptions_total,
+                r.queue_count,
+                r.queue_sum_s,
+                r.ttft_count,
+                r.ttft_sum_s,
             )
             prompt_tokens, generation_tokens = _count(r.prompt_tokens_total), _count(r.generation_tokens_total)
             if last is None:
@@ -380,7 +402,12 @@ class DemandTracker:
             )
             took = finished - last.finished + running - last.running  # finished + growth of the batch
             wait = _mean_wait(r.queue_count, r.queue_sum_s, last.queue_count, last.queue_sum)
-            saturated = is_saturated(waiting, last.waiting, running, nonneg(kv), preempted, wait, self.queue_knee_s)
+            ttft = _mean_wait(r.ttft_count, r.ttft_sum_s, last.ttft_count, last.ttft_sum)
+            # a replica still filling its batch (after a burst) takes in more than it can keep serving
+            filling = running > FILLING_SHARE * max(last.running, 1.0)
+            saturated = is_saturated(
+                waiting, last.waiting, running, nonneg(kv), preempted, None if filling else wait, self.queue_knee_s
+            )
             if finished > last.finished and saturated:
                 self._capacity.append((now, r.url, max(0.0, took) / dt, self.mix(now)))
             healthy = not (
@@ -390,6 +417,7 @@ class DemandTracker:
                 or nonneg(kv) >= SATURATED_KV
                 or (waiting >= 1.0 and last.waiting >= 1.0)
                 or (wait is not None and wait >= self.queue_knee_s)
+                or (ttft is not None and ttft >= self.healthy_ttft_s)
             )
             self._note_served(now, r.url, came, dt, healthy, kv_utilization(nonneg(kv)))
         for gone in set(self._last) - seen:

@@ -12,18 +12,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from keda_llm_scaler.demand import (
-    DEFAULT_QUEUE_KNEE_S,
-    QUEUE_KNEE_SLO_SHARE,
-    DemandConfig,
-    DemandEstimate,
-    DemandTracker,
-    ReplicaCounters,
-)
+from keda_llm_scaler.demand import DemandConfig, DemandEstimate, DemandTracker, ReplicaCounters
 from keda_llm_scaler.errors import NoFreshData
 from keda_llm_scaler.policy import Composite, ReplicaInput, ScoringParams, composite
 from keda_llm_scaler.rates import DEFAULT_WINDOW_S, CounterWindow, HistogramWindow, SeriesCounter, SeriesHistogram
 from keda_llm_scaler.signals import Histogram, ReplicaSignals, histogram_quantile
+from keda_llm_scaler.slotrim import SloTrim
 
 __all__ = [
     "EXPIRED",
@@ -129,7 +123,8 @@ class _ReplicaState:
             self.totals[name] = value
             if window is not None:
                 window.observe(now, value)
-        self.totals["queue_count"] = self.totals["queue_sum"] = None
+        for key in ("queue_count", "queue_sum", "ttft_count", "ttft_sum"):
+            self.totals[key] = None
         for name, hwindow, hist, hseries in (
             ("ttft", self.ttft, s.ttft, s.ttft_series),
             ("queue_time", self.queue_time, s.queue_time, s.queue_time_series),
@@ -138,8 +133,8 @@ class _ReplicaState:
                 hist = self.histograms.setdefault(name, SeriesHistogram()).observe(dict(hseries))
             if hist is not None:
                 hwindow.observe(now, hist)
-                if name == "queue_time":
-                    self.totals["queue_count"], self.totals["queue_sum"] = hist.count, hist.sum
+                prefix = "queue" if name == "queue_time" else "ttft"
+                self.totals[f"{prefix}_count"], self.totals[f"{prefix}_sum"] = hist.count, hist.sum
 
     def report(self, now: float, stale_after: float) -> ReplicaReport:
         if self.reason is None and self.last_ok == now:
@@ -210,8 +205,8 @@ class FleetState:
         self.window_s = max(DEFAULT_WINDOW_S, 3 * scrape_interval)
         self._replicas: dict[str, _ReplicaState] = {}
         self._urls: list[str] = []
-        knee = QUEUE_KNEE_SLO_SHARE * params.ttft_slo_s if params.ttft_slo_s is not None else DEFAULT_QUEUE_KNEE_S
-        self.demand = DemandTracker(scrape_interval, demand or demand_config(params), retain_s, knee)
+        self.demand = DemandTracker(scrape_interval, demand or demand_config(params), retain_s, params.ttft_slo_s)
+        self._trims: dict[tuple[float, float], SloTrim] = {}  # by (ttftSloSeconds, ttftSloQuantile)
 
     def update(
         self, now: float, observations: Iterable[Observation], starting: int = 0, startups: Iterable[float] = ()
@@ -249,6 +244,8 @@ class FleetState:
                     self._replicas[o.url].totals.get("preemptions"),
                     queue_count=self._replicas[o.url].totals.get("queue_count"),
                     queue_sum_s=self._replicas[o.url].totals.get("queue_sum"),
+                    ttft_count=self._replicas[o.url].totals.get("ttft_count"),
+                    ttft_sum_s=self._replicas[o.url].totals.get("ttft_sum"),
                     prompt_tokens_total=self._replicas[o.url].totals.get("prompt_tokens"),
                     generation_tokens_total=self._replicas[o.url].totals.get("generation_tokens"),
                 )
@@ -274,8 +271,14 @@ class FleetState:
         demand: DemandEstimate | None = self.demand.estimate(now, p.replica_capacity, p.startup_s, windows)
         ttft_merged = Histogram.merge(ttft)
         slo_q = _quantile(p.ttft_slo_quantile, ttft_merged) if p.ttft_slo_s is not None else None
+        trim = 1.0
+        if p.ttft_slo_s is not None:
+            key = (p.ttft_slo_s, p.ttft_slo_quantile)
+            trim = self._trims.setdefault(key, SloTrim(p.ttft_slo_s)).update(now, slo_q)
         try:
-            comp: Composite | None = composite([_policy_input(r) for r in reports], p, incoming, demand, slo_q)
+            comp: Composite | None = composite(
+                [_policy_input(r) for r in reports], p, incoming, demand, slo_q, slo_trim=trim
+            )
             error = None
         except NoFreshData as exc:
             # counts by reason, never addresses: the gRPC port is unauthenticated, and per-URL reasons

@@ -133,6 +133,7 @@ class Composite:
     rate: float | None = None  # replicas the offered load asks for (None: no usable capacity or load)
     slo_floor: float | None = None  # the TTFT guardrail's floor, when it applies
     demand: DemandEstimate | None = None
+    slo_trim: float = 1.0  # the factor on targetUtilization from the delivered TTFT (1: no SLO)
 
     def active(self, activation_threshold: float) -> bool:
         return self.value > activation_threshold
@@ -202,12 +203,14 @@ def composite(
     incoming: int = 0,
     demand: DemandEstimate | None = None,
     ttft_quantile_s: float | None = None,
+    slo_trim: float = 1.0,
 ) -> Composite:
     """Score a fleet. The caller passes replicas in a fixed order (by URL) for determinism.
 
     ``incoming``: replicas that exist but are not ready yet (not-ready EndpointSlice endpoints).
     ``demand``: the fleet's offered load (``keda_llm_scaler.demand``); ``ttft_quantile_s``: the fleet's TTFT at
-    ``p.ttft_slo_quantile`` over the rate window, for the SLO guardrail.
+    ``p.ttft_slo_quantile`` over the rate window, for the SLO guardrail; ``slo_trim``: the factor the
+    fleet's delivered TTFT puts on ``targetUtilization`` (``keda_llm_scaler.slotrim``; 1 without an SLO).
     """
     if not replicas:
         # Nothing ready: zero, unless replicas are starting (then hold them: no data says otherwise).
@@ -232,14 +235,15 @@ def composite(
         "assumed": assumed,
     }
     pressure = total
-    rate = demand.replicas(p.target_utilization) if demand is not None else None
+    utilization = p.target_utilization * slo_trim
+    rate = demand.replicas(utilization) if demand is not None else None
     if rate is not None and demand is not None and not demand.knee_known:
         # Before any replica was seen past its knee the capacity is a prior (read from KV, whose knee
         # depends on the mix and the hardware: 0.1 on long prompts, 1.0 on a small pool) or the rate a
         # replica served healthily (a lower bound). Either may hold a fleet or shrink it; it grows only
         # as far as the need exceeds what replicas were seen to serve, so a fleet holding a steady load
         # is not grown (property d) while a load rising past it is answered before anything saturates.
-        rate = min(rate, max(float(len(scores)), demand.beyond_served(p.target_utilization) or 0.0))
+        rate = min(rate, max(float(len(scores)), demand.beyond_served(utilization) or 0.0))
     if rate is not None and pressure > 0:
         # sizing for the load there is: a fleet with nothing in flight anywhere reads idle (IsActive
         # false, property h's converse), not busy for as long as the last 5 minutes' mean lasts
@@ -270,4 +274,5 @@ def composite(
         rate=rate,
         slo_floor=floor,
         demand=demand,
+        slo_trim=slo_trim,
     )

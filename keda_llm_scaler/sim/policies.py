@@ -108,6 +108,7 @@ class CompositePolicy(Policy):
             "capacity_rps": cap,
             "rate_replicas": c.rate,
             "pressure_replicas": c.pressure,
+            "slo_trim": c.slo_trim,
         }
 
     def reading(self) -> MetricReading | None:
@@ -247,8 +248,11 @@ POLICIES: Final[dict[str, tuple[str, float, tuple[float, ...]]]] = {
 }
 
 
-def make_policy(name: str, knob: float | None = None, ttft_slo_s: float | None = None) -> Policy:
-    """``ttft_slo_s``: the composite's ``ttftSloSeconds`` (the other policies know no SLO)."""
+def make_policy(
+    name: str, knob: float | None = None, ttft_slo_s: float | None = None, ttft_slo_quantile: float = 0.95
+) -> Policy:
+    """``ttft_slo_s``/``ttft_slo_quantile``: the composite's ``ttftSloSeconds``/``ttftSloQuantile`` (the other
+    policies know no SLO)."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     knob_name, default, _ = POLICIES[name]
@@ -256,7 +260,7 @@ def make_policy(name: str, knob: float | None = None, ttft_slo_s: float | None =
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name}: {knob_name} must be > 0")
     if name == "composite":
-        params = dataclasses.replace(ScoringParams(), ttft_slo_s=ttft_slo_s)
+        params = dataclasses.replace(ScoringParams(), ttft_slo_s=ttft_slo_s, ttft_slo_quantile=ttft_slo_quantile)
         return CompositePolicy(name, value, knob_name, params=params)
     if name == "queue":
         return QueuePolicy(name, value, knob_name)
