@@ -17,7 +17,6 @@ from keda_llm_scaler.errors import NoFreshData
 from keda_llm_scaler.policy import Composite, ReplicaInput, ScoringParams, composite
 from keda_llm_scaler.rates import DEFAULT_WINDOW_S, CounterWindow, HistogramWindow, SeriesCounter, SeriesHistogram
 from keda_llm_scaler.signals import Histogram, ReplicaSignals, histogram_quantile
-from keda_llm_scaler.slotrim import SloTrim
 
 __all__ = [
     "EXPIRED",
@@ -206,7 +205,6 @@ class FleetState:
         self._replicas: dict[str, _ReplicaState] = {}
         self._urls: list[str] = []
         self.demand = DemandTracker(scrape_interval, demand or demand_config(params), retain_s, params.ttft_slo_s)
-        self._trims: dict[tuple[float, float], SloTrim] = {}  # by (ttftSloSeconds, ttftSloQuantile)
 
     def update(
         self, now: float, observations: Iterable[Observation], starting: int = 0, startups: Iterable[float] = ()
@@ -271,14 +269,8 @@ class FleetState:
         demand: DemandEstimate | None = self.demand.estimate(now, p.replica_capacity, p.startup_s, windows)
         ttft_merged = Histogram.merge(ttft)
         slo_q = _quantile(p.ttft_slo_quantile, ttft_merged) if p.ttft_slo_s is not None else None
-        trim = 1.0
-        if p.ttft_slo_s is not None:
-            key = (p.ttft_slo_s, p.ttft_slo_quantile)
-            trim = self._trims.setdefault(key, SloTrim(p.ttft_slo_s)).update(now, slo_q)
         try:
-            comp: Composite | None = composite(
-                [_policy_input(r) for r in reports], p, incoming, demand, slo_q, slo_trim=trim
-            )
+            comp: Composite | None = composite([_policy_input(r) for r in reports], p, incoming, demand, slo_q)
             error = None
         except NoFreshData as exc:
             # counts by reason, never addresses: the gRPC port is unauthenticated, and per-URL reasons

@@ -133,7 +133,6 @@ class Composite:
     rate: float | None = None  # replicas the offered load asks for (None: no usable capacity or load)
     slo_floor: float | None = None  # the TTFT guardrail's floor, when it applies
     demand: DemandEstimate | None = None
-    slo_trim: float = 1.0  # the factor on targetUtilization from the delivered TTFT (1: no SLO)
 
     def active(self, activation_threshold: float) -> bool:
         return self.value > activation_threshold
@@ -203,14 +202,12 @@ def composite(
     incoming: int = 0,
     demand: DemandEstimate | None = None,
     ttft_quantile_s: float | None = None,
-    slo_trim: float = 1.0,
 ) -> Composite:
     """Score a fleet. The caller passes replicas in a fixed order (by URL) for determinism.
 
     ``incoming``: replicas that exist but are not ready yet (not-ready EndpointSlice endpoints).
     ``demand``: the fleet's offered load (``keda_llm_scaler.demand``); ``ttft_quantile_s``: the fleet's TTFT at
-    ``p.ttft_slo_quantile`` over the rate window, for the SLO guardrail; ``slo_trim``: the factor the
-    fleet's delivered TTFT puts on ``targetUtilization`` (``keda_llm_scaler.slotrim``; 1 without an SLO).
+    ``p.ttft_slo_quantile`` over the rate window, for the SLO guardrail.
     """
     if not replicas:
         # Nothing ready: zero, unless replicas are starting (then hold them: no data says otherwise).
@@ -235,7 +232,7 @@ def composite(
         "assumed": assumed,
     }
     pressure = total
-    utilization = p.target_utilization * slo_trim
+    utilization = p.target_utilization
     rate = demand.replicas(utilization) if demand is not None else None
     if rate is not None and demand is not None and not demand.knee_known:
         # Before any replica was seen past its knee the capacity is a prior (read from KV, whose knee
@@ -274,5 +271,4 @@ def composite(
         rate=rate,
         slo_floor=floor,
         demand=demand,
-        slo_trim=slo_trim,
     )

@@ -108,7 +108,6 @@ class CompositePolicy(Policy):
             "capacity_rps": cap,
             "rate_replicas": c.rate,
             "pressure_replicas": c.pressure,
-            "slo_trim": c.slo_trim,
         }
 
     def reading(self) -> MetricReading | None:
