@@ -133,7 +133,6 @@ class DemandEstimate:
     startup_s: float
     startup_source: str  # "configured" | "learned" | "default"
     served_rps: float | None = None  # the highest rate one replica served healthily (a lower bound)
-    reserve_rps: float = 0.0  # the burst reserve: what the busiest recent burst asks to be kept
 
     @property
     def knee_known(self) -> bool:
@@ -255,9 +254,6 @@ HEALTHY_TTFT_SHARE: Final = 0.25  # served healthily: first tokens within a quar
 SERVED_WINDOW_S: Final = 30.0  # a replica's served rate is read over this long, every interval healthy
 SERVED_SETTLE_S: Final = 120.0  # not in a replica's first minutes: least-loaded routing floods a new pod
 SERVED_SAMPLES: Final = 256
-BURST_WINDOW_BINS: Final = 3  # a burst: the arrival rate over three bins (30 s at the default scrape)
-RESERVE_STARTUPS: Final = 6.0  # a burst is remembered for six start-ups (24 min at 240 s)
-RESERVE_SHARE: Final = 0.8  # and 80 % of it kept: the fleet's queues absorb the rest for a burst's minutes
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,7 +321,6 @@ class DemandTracker:
         self._tokens: dict[str, tuple[float | None, float | None]] = {}
         self._first_seen: dict[str, float] = {}
         self._intervals: dict[str, deque[tuple[float, float, float, float]]] = {}  # (t, arrived, dt, util)
-        self._bursts: deque[tuple[float, float]] = deque()  # (t, 30 s arrival rate), a falling staircase
         self._served: list[tuple[float, float, Mix | None]] = []  # (req/s, t, mix): the highest SERVED_SAMPLES
         self._prev_t: float | None = None
         self._open_t: float | None = None
@@ -515,27 +510,9 @@ class DemandTracker:
                 # replica-second: a failing, overloaded replica must not read as no arrivals
                 b.arrivals *= self._open_member_s / b.replica_s
         self._bins.append(b)
-        self._note_burst(now)
         self._open_t, self._open, self._open_member_s = now, _Bin(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, True), 0.0
         while self._bins and self._bins[0].end <= now - self.retain_s:
             self._bins.popleft()
-
-    def _note_burst(self, now: float) -> None:
-        """The arrival rate of the last BURST_WINDOW_BINS bins, kept as a decreasing staircase (a monotonic
-        deque: the largest rate of any later time), so the busiest burst of the memory window is its head."""
-        recent = list(self._bins)[-BURST_WINDOW_BINS:]
-        if len(recent) < BURST_WINDOW_BINS or not all(b.complete for b in recent):
-            return
-        rate = math.fsum(b.arrivals for b in recent) / math.fsum(b.span for b in recent)
-        while self._bursts and self._bursts[-1][1] <= rate:
-            self._bursts.pop()
-        self._bursts.append((now, rate))
-
-    def burst_rps(self, now: float, memory_s: float) -> float | None:
-        """The busiest 30 s of arrivals within ``memory_s`` (None before one is known)."""
-        while self._bursts and self._bursts[0][0] <= now - memory_s:
-            self._bursts.popleft()
-        return self._bursts[0][1] if self._bursts else None
 
     def provisional_capacity(self, now: float, config: DemandConfig | None = None) -> float | None:
         """Offered requests over the replicas' KV-read utilization-seconds (``kv_utilization``), on the
@@ -628,12 +605,6 @@ class DemandTracker:
         cap, cap_source = self.capacity(capacity_rps, now, c)
         base = max(offered + growth, recent) if c.use_burst_window else offered + growth
         need = base + c.headroom_sigmas * spread
-        # the burst reserve: a burst shorter than a start-up is over before the replicas it asks for are
-        # ready, so the capacity for the next one is kept for six start-ups (a warm pool sized by the bursts
-        # the fleet has seen), 80 % of it: the queues absorb the rest for the burst's minutes
-        burst = self.burst_rps(now, RESERVE_STARTUPS * horizon)
-        reserve = RESERVE_SHARE * burst if burst is not None else 0.0
-        need = max(need, reserve)
         return DemandEstimate(
             offered_rps=offered,
             recent_rps=recent,
@@ -646,5 +617,4 @@ class DemandTracker:
             startup_s=horizon,
             startup_source=horizon_source,
             served_rps=self.served(now),
-            reserve_rps=reserve,
         )

@@ -307,3 +307,135 @@ def test_start_ups_measured_by_discovery_replace_the_scrape_side_estimate() -> N
     tracker.add_startup(300.0)
     assert tracker.startup(None) == (270.0, "learned")
     assert tracker.startup(120.0) == (120.0, "configured")
+
+
+# -- issue #20: knees of any shape, readings that last while the mix holds, the served bound -------
+
+
+def test_half_the_slo_spent_queued_is_knee_evidence_whatever_kv_reads() -> None:
+    """A prefill-bound replica (long prompts) saturates with KV near 0.1: the requests that left its queue
+    waited 1.5 s on average (SLO 2 s: knee at 1 s), with a queue kept across scrapes. One still filling
+    its batch (running up 10 %+ since the last scrape) teaches nothing from its queue time."""
+    assert is_saturated(20, 20, 10, 0.1, False, queue_wait_s=1.5, queue_knee_s=1.0)
+    assert not is_saturated(20, 20, 10, 0.1, False, queue_wait_s=0.6, queue_knee_s=1.0)
+    assert not is_saturated(20, 0, 10, 0.1, False, queue_wait_s=3.0, queue_knee_s=1.0)  # no kept queue
+    assert not is_saturated(20, 20, 10, 0.1, False, queue_wait_s=None, queue_knee_s=1.0)
+
+    def scrape(k: int, finished: float, running: float, waited: float) -> ReplicaCounters:
+        # 10 requests leave the queue every 5 s, each having waited ``waited`` s
+        return ReplicaCounters("a", finished, 0.0, 20.0, running, 0.1, 0.0, 10.0 * k, 10.0 * k * waited)
+
+    tr = DemandTracker(5.0, ttft_slo_s=2.0)
+    for k in range(6):  # 4 req/s finished, batch steady at 10: a capacity of 4 req/s, five readings
+        tr.observe(5.0 * k, ["a"], [scrape(k, 20.0 * k, 10.0, 1.5)])
+    assert tr.capacity(None, 25.0) == (pytest.approx(4.0), "learned")
+    filling = DemandTracker(5.0, ttft_slo_s=2.0)
+    for k in range(6):  # the batch doubles every scrape: filling, not saturated
+        filling.observe(5.0 * k, ["a"], [scrape(k, 20.0 * k, 10.0 * 2**k, 1.5)])
+    assert filling.capacity(None, 25.0)[1] != "learned"
+
+
+def _tokens(url: str, k: int, prompt: float, output: float, finished_per: float = 50.0) -> ReplicaCounters:
+    """Scrape k of a saturated replica (KV full, queue kept) finishing ``finished_per`` requests per 5 s,
+    each of ``prompt`` + ``output`` tokens."""
+    done = finished_per * k
+    return ReplicaCounters(
+        url, done, 0.0, 20.0, 100.0, 0.99, 0.0, prompt_tokens_total=done * prompt, generation_tokens_total=done * output
+    )
+
+
+def test_capacity_readings_last_while_the_mix_holds_and_go_when_it_changes() -> None:
+    """Learned at 1,000 prompt / 200 output tokens per request: still learned three hours later on the same
+    mix (no fixed expiry); once the fleet serves 3,000 / 30 (a prefill-heavy mix) they describe another
+    workload and are not used."""
+    tr = DemandTracker(5.0)
+    t = 0.0
+    for k in range(40):
+        t = 5.0 * k
+        tr.observe(t, ["a"], [_tokens("a", k, 1000.0, 200.0)])
+    mix = tr.mix(t)
+    assert mix is not None and mix.prompt == pytest.approx(1000.0) and mix.generated == pytest.approx(200.0)
+    assert tr.capacity(None, t) == (pytest.approx(10.0), "learned")
+    # three hours on the same mix, below the knee (KV 0.3, no queue): the readings still describe it
+    base = 40 * 50.0
+    for k in range(1, 2200):
+        t += 5.0
+        done = base + 10.0 * k
+        tr.observe(
+            t,
+            ["a"],
+            [ReplicaCounters("a", done, 0.0, 0.0, 30.0, 0.3, 0.0, None, None, None, None, done * 1000.0, done * 200.0)],
+        )
+    assert tr.capacity(None, t)[1] == "learned"
+    # the mix changes: 3,000 prompt tokens and 30 generated per request
+    p0, g0 = done * 1000.0, done * 200.0
+    for k in range(1, 80):
+        t += 5.0
+        n = 10.0 * k
+        tr.observe(
+            t,
+            ["a"],
+            [
+                ReplicaCounters(
+                    "a", done + n, 0.0, 0.0, 30.0, 0.3, 0.0, None, None, None, None, p0 + n * 3000.0, g0 + n * 30.0
+                )
+            ],
+        )
+    assert tr.mix(t) is not None and tr.mix(t).prompt == pytest.approx(3000.0)  # type: ignore[union-attr]
+    assert tr.capacity(None, t)[1] != "learned"
+
+
+def test_the_rate_a_replica_served_healthily_is_a_lower_bound_of_its_capacity() -> None:
+    """Two replicas at 10 req/s each, KV 0.3, no queue: after their first two minutes (least-loaded routing
+    floods a new pod) every 30 s they serve counts; the highest is the bound. A kept queue breaks the run;
+    an idle fleet (KV 0.01) teaches nothing; a thrashing replica's low admission rate past a knee is
+    lifted to what was served before it got there."""
+    tr = DemandTracker(5.0)
+    t = feed(tr, [20.0] * 20, kv=0.3)  # 100 s: still inside the settling time
+    assert tr.served(t) is None
+    t = feed(tr, [20.0] * 12, start=t, kv=0.3)
+    assert tr.served(t) == pytest.approx(10.0)
+    assert tr.capacity(None, t)[1] in ("served", "provisional")
+    t = feed(tr, [30.0] * 12, start=t, kv=0.3)
+    assert tr.served(t) == pytest.approx(15.0)
+    est = tr.estimate(t)
+    assert est is not None and est.served_rps == pytest.approx(15.0)
+
+    idle = DemandTracker(5.0)
+    t = feed(idle, [1.0] * 60, kv=0.01)
+    assert idle.served(t) is None
+
+    queued = DemandTracker(5.0)
+    t = 0.0
+    for k in range(60):  # a queue kept at every scrape: never healthy
+        t = 5.0 * k
+        queued.observe(t, ["a"], [counters("a", 50.0 * k, waiting=5.0, running=20.0, kv=0.3)])
+    assert queued.served(t) is None
+
+
+def test_without_a_known_knee_a_fleet_is_held_not_grown() -> None:
+    """Property (d) and its successor: four replicas busy but fine (200 running at KV 0.3, targetKvUsage
+    0.8). Read from KV the capacity says 5.6 replicas; with no knee seen it holds the four (and lets them
+    shrink if it says fewer). Once a replica has served 12 req/s healthily, a need past 4 x 12 x 0.9 asks
+    for replicas at once; a configured capacity is used as it is."""
+    from keda_llm_scaler.demand import DemandEstimate
+
+    p = ScoringParams(target_kv_usage=0.8)
+    fine = [ReplicaInput(waiting=0, running=200, kv_usage=0.3) for _ in range(4)]
+
+    def est(need: float, cap: float, source: str, served: float | None = None) -> DemandEstimate:
+        return DemandEstimate(need, need, 0.0, 0.0, need, cap, source, 0, 180.0, "default", served)
+
+    held = composite(fine, p, demand=est(40.0, 40.0 / (5.6 * 0.9), "provisional"))  # KV reads 5.6
+    assert held.rate == 4.0
+    assert held.value == 4.0
+    shrink = composite(fine, p, demand=est(20.0, 10.0, "provisional"))
+    assert shrink.value == pytest.approx(20.0 / 9.0, abs=0.001)  # above the pressure's 4 x 0.3 / 0.8
+    beyond = composite(fine, p, demand=est(60.0, 12.0, "served", served=12.0))
+    assert beyond.value == pytest.approx(60.0 / (12.0 * 0.9), abs=0.001)
+    # a steady 10 req/s per replica whose busiest 30 s reached 12: its need (with headroom) stays below
+    # 4 x 12 x 0.9, so it is not grown
+    steady = composite(fine, p, demand=est(43.0, 12.0, "served", served=12.0))
+    assert 1.5 < steady.value <= 4.0
+    configured = composite(fine, p, demand=est(40.0, 9.0, "configured"))
+    assert configured.value == pytest.approx(40.0 / (9.0 * 0.9), abs=0.001)

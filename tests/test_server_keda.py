@@ -574,3 +574,59 @@ async def test_absurd_loads_are_clamped_not_internal_errors(channel: grpc.aio.Ch
         keda = KedaEmulator(channel, "absurd", "serving", meta(r.url))
         obs = await keda.poll()
         assert obs.value == 100_000.0 and obs.active
+
+
+async def test_d_busy_but_fine_with_arrivals_is_not_scaled_up(channel: grpc.aio.Channel) -> None:
+    """Issue #20: four replicas, each running 200 at KV 0.3 and finishing 20 req/s, targetKvUsage 0.8.
+    Read from KV alone the capacity said 5.6 replicas (a scale-up of a fleet that is fine); with no knee
+    seen the composite now holds the four once the demand estimate exists."""
+    done = [0.0]
+
+    def payload() -> str:
+        return vllm_v1([EngineLoad(waiting=0, running=200, kv=0.3)], success=done[0])
+
+    with replicas(*[payload()] * 4) as fleet:
+        keda = KedaEmulator(channel, "llm", "serving", meta(*(r.url for r in fleet), targetKvUsage="0.8"))
+        seen: list[float] = []
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            done[0] += 10.0  # 20 req/s per replica at this 0.5 s cadence
+            for r in fleet:
+                r.set(payload=payload())
+            await asyncio.sleep(0.5)
+            if (v := await value_of(keda)) is not None:
+                seen.append(v)
+        assert len(seen) >= 10
+        assert max(seen) <= 4.0, seen  # before: 5.6 once the rate term had its estimate
+        # the rate term is on (the pressure alone says 4 x 0.3 / 0.8 = 1.5) and holds the fleet, no more
+        assert 1.5 < seen[-1] <= 4.0
+
+
+async def test_f_a_rejecting_replica_that_goes_silent_never_counts_for_less(channel: grpc.aio.Channel) -> None:
+    """Issue #20: four replicas rejecting (503s twice their completions) read 8 (the fleet floor N + the
+    reject shares). One stops answering: past staleAfter it is expired, and still counts its reject share
+    (before: the composite fell to 7 within 15 s)."""
+    served, rejected = [100.0], [0.0]
+
+    def payload() -> str:
+        return vllm_v1([EngineLoad(0, 4, 0.1)], http_2xx=served[0], http_5xx=rejected[0], success=served[0])
+
+    with replicas(*[payload()] * 4) as fleet:
+        keda = KedaEmulator(channel, "llm", "serving", meta(*(r.url for r in fleet)))
+
+        async def tick(live: list[Replica]) -> float | None:
+            served[0] += 10.0
+            rejected[0] += 20.0
+            for r in live:
+                r.set(payload=payload())
+            await asyncio.sleep(0.5)
+            return await value_of(keda)
+
+        value = None
+        deadline = time.monotonic() + 8.0
+        while time.monotonic() < deadline and (value is None or value < 8.0):
+            value = await tick(fleet)
+        assert value == pytest.approx(8.0)
+        fleet[3].set(hang_up=True)
+        after = [v for _ in range(8) if (v := await tick(fleet[:3])) is not None]  # 4 s: past staleAfter (1.5 s)
+        assert len(after) == 8 and min(after) >= 8.0, after

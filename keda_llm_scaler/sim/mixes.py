@@ -9,6 +9,9 @@ mixes, clipped, drawn deterministically per seed; each states where its shape co
 * ``decode-heavy`` (long-form generation, reasoning-style answers to short prompts): prompts p50 200 /
   p90 600, outputs p50 600 / p90 1800, at most 4096. Chosen, not measured: the opposite corner of the
   conversation mix (1155 in / 211 out), so that decode and KV, not prefill, set the knee.
+* ``rag`` (retrieval-augmented answers): prompts p50 3000 / p90 7000, at most 16000; outputs p50 120 /
+  p90 400, at most 1024. Chosen, not measured, and held out: added after the defaults were chosen, never
+  replayed while choosing them (docs/replay.md, the validation set).
 
 A mix replaces each request's tokens and keeps its arrival time: ``apply_mix(trace, name, seed)``.
 """
@@ -57,6 +60,7 @@ MIXES: Final[dict[str, LognormalMix | None]] = {
         "long prompts, short answers (Azure 2023 code trace's shape)", 1469, 5186, 7437, 13, 55, 1899
     ),
     "decode-heavy": LognormalMix("short prompts, long answers", 200, 600, 4096, 600, 1800, 4096),
+    "rag": LognormalMix("retrieved context: long prompts, medium answers", 3000, 7000, 16000, 120, 400, 1024),
 }
 
 
