@@ -34,6 +34,7 @@ the defaults were chosen, never replayed while choosing them (docs/replay.md, th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -176,6 +177,9 @@ def load_profile(path: Path) -> Profile:
                 continue
             raise ValueError(f"{path}: missing profile field {key!r}")
         raw = data[key]
+        if isinstance(raw, str):  # YAML 1.1 reads 2e-06 (no dot) as a string
+            with contextlib.suppress(ValueError):
+                raw = float(raw)
         if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
             raise ValueError(f"{path}: {key} must be a number, not {raw!r}")
         if key in _COUNTS:
