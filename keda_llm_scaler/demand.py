@@ -254,6 +254,7 @@ HEALTHY_TTFT_SHARE: Final = 0.25  # served healthily: first tokens within a quar
 SERVED_WINDOW_S: Final = 30.0  # a replica's served rate is read over this long, every interval healthy
 SERVED_SETTLE_S: Final = 120.0  # not in a replica's first minutes: least-loaded routing floods a new pod
 SERVED_SAMPLES: Final = 256
+SERVED_TRUST: Final = 1.2  # a capacity read from KV is believed up to 1.2x the rate replicas served
 
 
 @dataclass(frozen=True, slots=True)
@@ -554,6 +555,10 @@ class DemandTracker:
         prior = self.provisional_capacity(now, config) if now is not None else None
         if served is not None and (prior is None or served >= prior):
             return served, "served"
+        if prior is not None and served is not None:
+            # KV's knee depends on the mix (long prompts saturate at KV 0.1 and read as idle): a reading
+            # above what replicas served is trusted only a step beyond it, never into unexplored load
+            return min(prior, SERVED_TRUST * served), "provisional"
         if prior is not None:
             return prior, "provisional"
         return None, "unknown"

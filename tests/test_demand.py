@@ -190,7 +190,11 @@ def test_provisional_capacity_reads_utilization_from_kv() -> None:
     assert kv_utilization(1.0) == pytest.approx(1.0) and kv_utilization(0.0) == 0.0
     tr = DemandTracker(5.0)
     t = feed(tr, [20.0] * 40, kv=0.2)
-    assert tr.capacity(None, t) == (pytest.approx(10.0 / u), "provisional")
+    # replicas served 10 req/s healthily: the KV reading is believed only up to 1.2x that
+    assert tr.capacity(None, t) == (pytest.approx(min(10.0 / u, 1.2 * 10.0)), "provisional")
+    early = DemandTracker(5.0)
+    t = feed(early, [20.0] * 25, kv=0.2)  # 125 s: no served reading yet (a replica's first two minutes)
+    assert early.capacity(None, t) == (pytest.approx(10.0 / u), "provisional")
     idle = DemandTracker(5.0)
     t = feed(idle, [0.5] * 40, kv=0.01)
     assert idle.capacity(None, t) == (None, "unknown")
