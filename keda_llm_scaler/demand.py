@@ -320,6 +320,8 @@ class DemandTracker:
         self._starting: int | None = None
         self._members: set[str] | None = None
         self._tokens: dict[str, tuple[float | None, float | None]] = {}
+        self._mix_memo: tuple[float, int, Mix | None] | None = None  # (now, bins closed, mix)
+        self._bins_closed = 0
         self._first_seen: dict[str, float] = {}
         self._intervals: dict[str, deque[tuple[float, float, float, float]]] = {}  # (t, arrived, dt, util)
         self._served: list[tuple[float, float, Mix | None]] = []  # (req/s, t, mix): the highest SERVED_SAMPLES
@@ -511,6 +513,7 @@ class DemandTracker:
                 # replica-second: a failing, overloaded replica must not read as no arrivals
                 b.arrivals *= self._open_member_s / b.replica_s
         self._bins.append(b)
+        self._bins_closed += 1
         self._open_t, self._open, self._open_member_s = now, _Bin(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, True), 0.0
         while self._bins and self._bins[0].end <= now - self.retain_s:
             self._bins.popleft()
@@ -534,11 +537,17 @@ class DemandTracker:
         counts tokens or too few requests finished to say (fewer than MIN_MIX_REQUESTS)."""
         if now is None:
             return None
+        if self._mix_memo is not None and self._mix_memo[0] == now and self._mix_memo[1] == self._bins_closed:
+            return self._mix_memo[2]  # asked per replica in a scrape cycle: the closed bins have not moved
         window = [b for b in self._bins if b.end > now - self.config.calm_window_s]
         n = math.fsum(b.token_requests for b in window)
-        if n < MIN_MIX_REQUESTS:
-            return None
-        return Mix(math.fsum(b.prompt_tokens for b in window) / n, math.fsum(b.generation_tokens for b in window) / n)
+        mix = None
+        if n >= MIN_MIX_REQUESTS:
+            mix = Mix(
+                math.fsum(b.prompt_tokens for b in window) / n, math.fsum(b.generation_tokens for b in window) / n
+            )
+        self._mix_memo = (now, self._bins_closed, mix)
+        return mix
 
     # -- output ----------------------------------------------------------------------------------
     def capacity(
