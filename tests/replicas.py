@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -110,6 +111,23 @@ def replicas(*payloads: str) -> Iterator[list[Replica]]:
     finally:
         for r in started:
             r.close()
+
+
+_HELD_SOCKETS: list[socket.socket] = []
+
+
+def dead_port() -> int:
+    """A loopback port that refuses connections for the rest of the test run.
+
+    The socket stays bound without listening, so no other server (the scaler's own metrics port
+    included) can be given this port later: connects get ECONNREFUSED, never somebody else's answer.
+    """
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _HELD_SOCKETS.append(s)
+    return int(s.getsockname()[1])
 
 
 def unused_port() -> int:

@@ -16,7 +16,7 @@ from keda_llm_scaler.metadata import parse_trigger
 from keda_llm_scaler.scrape import Scraper
 from keda_llm_scaler.sim.keda import KedaEmulator
 from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import replicas, unused_port
+from tests.replicas import dead_port, replicas, unused_port
 from tests.scalerproc import channel_to, running_scaler
 
 METADATA_SPELLINGS = [
@@ -86,7 +86,7 @@ async def test_a_name_resolving_to_a_metadata_address_is_never_connected(monkeyp
 async def test_unavailable_answers_name_reasons_not_addresses() -> None:
     # an unauthenticated gRPC port must not tell a tenant which internal addresses answer
     secret = "s3cret-token"
-    urls = [f"http://127.0.0.1:{unused_port()}/metrics?token={secret}" for _ in range(3)]
+    urls = [f"http://127.0.0.1:{dead_port()}/metrics?token={secret}" for _ in range(3)]
     async with running_scaler() as scaler, channel_to(scaler) as ch:
         keda = KedaEmulator(ch, "llm", "serving", {"endpoints": ",".join(urls), "scrapeInterval": "0.5"})
         with pytest.raises(grpc.aio.AioRpcError) as err:

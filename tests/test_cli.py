@@ -14,7 +14,7 @@ import pytest
 from keda_llm_scaler import __version__
 from tests.conftest import METRICS
 from tests.payloads import EngineLoad, sglang, vllm_v1
-from tests.replicas import replicas, unused_port
+from tests.replicas import dead_port, replicas
 from tests.serveproc import serve
 
 EXE = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
@@ -65,7 +65,7 @@ def test_inspect_url_and_stdin() -> None:
     ],
 )
 def test_inspect_unreadable_input_exits_non_zero(target: str, message: str) -> None:
-    out = run("inspect", target.format(port=unused_port()), "--json")
+    out = run("inspect", target.format(port=dead_port()), "--json")
     assert out.returncode == 2
     assert message in out.stderr and out.stdout == ""
 

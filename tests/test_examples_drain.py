@@ -18,7 +18,7 @@ import yaml
 
 from tests.conftest import fixture_text
 from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica, unused_port
+from tests.replicas import Replica, dead_port
 from tests.test_server_keda import eventually
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "charts" / "keda-llm-scaler" / "examples"
@@ -259,7 +259,7 @@ async def test_the_prestop_counts_v0_swapped_requests_and_gives_up_at_its_deadli
 
 
 async def test_the_prestop_reads_unknown_as_busy_and_a_gone_server_as_drained() -> None:
-    code, err = finish(run_prestop(f"http://127.0.0.1:{unused_port()}/metrics"))
+    code, err = finish(run_prestop(f"http://127.0.0.1:{dead_port()}/metrics"))
     assert code == 0, err  # connection refused: the server is gone, nothing left to drain
     failing = Replica(vllm_v1([EngineLoad(0, 0, 0.0)]))
     try:

@@ -12,7 +12,7 @@ from keda_llm_scaler.addresses import AddressPolicy
 from keda_llm_scaler.scrape import Scraper
 from keda_llm_scaler.workers import ScrapeWorkers
 from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica, replicas, unused_port
+from tests.replicas import Replica, dead_port, replicas
 
 GOOD = vllm_v1([EngineLoad(2, 10, 0.5)])
 
@@ -66,7 +66,7 @@ async def test_failures_are_reasons(scraper: Scraper, behaviour: dict[str, objec
 
 
 async def test_nothing_listening(scraper: Scraper) -> None:
-    res = await scraper.scrape(f"http://127.0.0.1:{unused_port()}/metrics", timeout=1, engine="auto", model=None)
+    res = await scraper.scrape(f"http://127.0.0.1:{dead_port()}/metrics", timeout=1, engine="auto", model=None)
     assert res.reason == "connect_error"
 
 

@@ -21,7 +21,7 @@ from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler.server import ScalerServer
 from keda_llm_scaler.sim.keda import KedaEmulator
 from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica, replicas, unused_port
+from tests.replicas import Replica, dead_port, replicas
 from tests.scalerproc import channel_to, running_scaler
 
 FAST = {"scrapeInterval": "0.5", "scrapeTimeout": "0.4", "staleAfter": "1.5"}
@@ -85,7 +85,7 @@ async def test_c1_methods_resolve_and_unknown_is_unimplemented(channel: grpc.aio
 
 
 async def test_c3_c5_c6_c7_c8_spec_is_pure_valid_and_deterministic(channel: grpc.aio.Channel) -> None:
-    dead = f"http://127.0.0.1:{unused_port()}"  # C8: the backend is down
+    dead = f"http://127.0.0.1:{dead_port()}"  # C8: the backend is down
     keda = KedaEmulator(
         channel, "llm", "serving", meta(dead, enableTLS="false", unsafeSsl="false", fooFromEnv="x", somethingElse="1")
     )
@@ -255,7 +255,7 @@ async def test_f_failed_replica_keeps_last_value_then_counts_at_target(channel: 
 
 
 async def test_c13_unreachable_fleet_is_unavailable_quickly_never_zero(channel: grpc.aio.Channel) -> None:
-    keda = KedaEmulator(channel, "llm", "serving", meta(f"http://127.0.0.1:{unused_port()}"))
+    keda = KedaEmulator(channel, "llm", "serving", meta(f"http://127.0.0.1:{dead_port()}"))
     start = time.perf_counter()
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await keda.hpa()
@@ -396,7 +396,7 @@ async def test_c17_c18_stream_sends_state_then_only_transitions(channel: grpc.ai
 
 async def test_stream_never_sends_false_for_missing_data(channel: grpc.aio.Channel) -> None:
     # batch: an interactive fleet with a listed replica would be active (tests/test_workload_class.py)
-    keda = KedaEmulator(channel, "llm", "serving", meta(f"http://127.0.0.1:{unused_port()}", workloadClass="batch"))
+    keda = KedaEmulator(channel, "llm", "serving", meta(f"http://127.0.0.1:{dead_port()}", workloadClass="batch"))
     stream = Stream(keda.stub.StreamIsActive(keda.ref))
     assert await stream.next(2.0) is None
     assert not stream.call.done()  # still open: silent, not ended and not an error

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from keda_llm_scaler.sim.keda import KedaEmulator
 from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import replicas, unused_port
+from tests.replicas import dead_port, replicas
 from tests.scalerproc import channel_to, running_scaler
 
 FAST = {"scrapeInterval": "0.5", "scrapeTimeout": "0.4", "staleAfter": "1.5"}
@@ -26,7 +26,7 @@ def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 async def test_exported_values_match_the_served_composite() -> None:
     with replicas(vllm_v1([EngineLoad(10, 20, 0.85)]), vllm_v1([EngineLoad(0, 5, 0.17)])) as fleet:
-        dead = f"http://127.0.0.1:{unused_port()}"
+        dead = f"http://127.0.0.1:{dead_port()}"
         async with running_scaler() as server, channel_to(server) as ch:
             keda = KedaEmulator(ch, "llm", "serving", {"endpoints": ",".join([*(r.url for r in fleet), dead]), **FAST})
             served = (await keda.poll()).value
