@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -87,13 +88,32 @@ def _histogram(name: str, doc: str, hist: Histogram, labels: list[str]) -> Metri
 
 
 class ReplicaExporter:
-    """One simulated pod's /metrics on 127.0.0.1 (a free port); reads the replica under ``lock``."""
+    """One simulated pod's /metrics on ``host`` (a free port unless ``port`` is given); reads the replica
+    under ``lock``. ``failing`` set to an HTTP status makes every scrape answer it (a broken pod)."""
 
-    def __init__(self, replica: SimReplica, lock: threading.Lock, host: str = "127.0.0.1") -> None:
+    def __init__(self, replica: SimReplica, lock: threading.Lock, host: str = "127.0.0.1", port: int = 0) -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_VllmCollector(replica, lock))
-        self._server: Any
-        self._server, _ = start_http_server(0, addr=host, registry=registry)
+        self.failing: int | None = None
+        exporter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status = exporter.failing
+                body = generate_latest(registry) if status is None else b"simulated failure\n"
+                self.send_response(status or 200)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST if status is None else "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name=f"exporter-{host}")
+        self._thread.start()
         self.host = host
         self.port: int = self._server.server_port
 

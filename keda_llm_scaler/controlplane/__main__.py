@@ -1,0 +1,180 @@
+"""``scripts/controlplane build | run [options] -- CMD ARGS… | versions``.
+
+``run`` creates a private network namespace (``unshare --net``, with a user namespace when not root),
+brings up loopback and the pod range 10.244.0.0/24 on it, starts etcd, kube-apiserver,
+kube-controller-manager, KEDA's operator and metrics adapter, the pod stand-in and (unless
+``--no-scaler``) keda-llm-scaler, then runs CMD inside the namespace with:
+
+- ``KUBECONFIG``: the admin kubeconfig (client certificate, system:masters);
+- ``KLS_SCALER_ADDRESS``: the scaler's gRPC address (host:port), for a ScaledObject's ``scalerAddress``;
+- ``KLS_SCALER_METRICS``: the scaler's own /metrics URL;
+- ``KLS_PODS``: the pod stand-in's control API (``/status``, ``/load``, ``/fail``);
+- ``KLS_CONTROLPLANE_DIR``: the run's directory (``pki/``, ``logs/``, kubeconfigs);
+- ``KLS_HPA_SYNC_PERIOD``: the HPA controller's sync period in seconds (``--hpa-sync-period``);
+- ``KLS_KUBERNETES_VERSION``, ``KLS_KEDA_VERSION``.
+
+Everything is stopped by its pid when CMD ends, whatever its exit, and run exits with CMD's code.
+Nothing can reach an address outside the namespace: it has no route but loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from keda_llm_scaler.controlplane.build import KEDA_VERSION, KUBERNETES_VERSION, binaries, build
+from keda_llm_scaler.controlplane.cluster import NODE_IP, POD_CIDR, ControlPlane
+
+INSIDE_ENV = "KLS_CONTROLPLANE_INSIDE"
+SCALER_GRPC, SCALER_METRICS, PODS_CONTROL = 9090, 9091, 7070
+
+
+def _say(msg: str) -> None:
+    print(f"[controlplane] {msg}", file=sys.stderr, flush=True)
+
+
+def _enter_namespace(argv: list[str]) -> int:
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        _say("the unshare command (util-linux) is needed for the private network namespace")
+        return 2
+    flags = ["--net", "--fork", "--kill-child"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    cmd = [unshare, *flags, "--", sys.executable, "-m", "keda_llm_scaler.controlplane", *argv]
+    return subprocess.call(cmd, env={**os.environ, INSIDE_ENV: "1"})
+
+
+def _network() -> None:
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    # a /24 on loopback makes every address of the pod range local (Linux's AnyIP): pods bind their own
+    subprocess.run(["ip", "addr", "add", f"{NODE_IP}/24", "dev", "lo"], check=True)
+
+
+def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], name: str) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode} before answering {url}")
+        try:
+            httpx.get(url, timeout=2)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{name} did not answer {url} within {timeout:.0f}s")
+
+
+def _run_inside(args: argparse.Namespace) -> int:
+    _network()
+    bins = binaries()
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="kls-controlplane-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    cp = ControlPlane(workdir, bins, hpa_sync_period_s=args.hpa_sync_period)
+    code = 1
+    cmd_proc: subprocess.Popen[bytes] | None = None
+
+    def forward(signum: int, _frame: object) -> None:
+        if cmd_proc is not None and cmd_proc.poll() is None:
+            cmd_proc.send_signal(signum)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    try:
+        cp.start()
+        pods = cp._spawn(
+            "pod-standin",
+            [sys.executable, "-m", "keda_llm_scaler.controlplane.pods", "--kubeconfig", str(cp.kubeconfig),
+             "--control", f"127.0.0.1:{PODS_CONTROL}", "--pod-cidr", POD_CIDR, "--profile", args.profile,
+             "--mix", args.mix, "--ready-after", str(args.ready_after)],
+        )  # fmt: skip
+        _wait_http(f"http://127.0.0.1:{PODS_CONTROL}/status", 30, pods, "pod stand-in")
+        env = {
+            "KUBECONFIG": str(cp.kubeconfig),
+            "KLS_PODS": f"http://127.0.0.1:{PODS_CONTROL}",
+            "KLS_CONTROLPLANE_DIR": str(workdir),
+            "KLS_HPA_SYNC_PERIOD": f"{args.hpa_sync_period:g}",
+            "KLS_KUBERNETES_VERSION": KUBERNETES_VERSION,
+            "KLS_KEDA_VERSION": KEDA_VERSION,
+        }
+        if not args.no_scaler:
+            scaler = cp._spawn(
+                "keda-llm-scaler",
+                [sys.executable, "-m", "keda_llm_scaler", "serve", "--host", "127.0.0.1",
+                 "--grpc-port", str(SCALER_GRPC), "--metrics-port", str(SCALER_METRICS),
+                 "--kubeconfig", str(cp.kubeconfig), "--log-json", "true", "--victim-ranking", "*"],
+            )  # fmt: skip
+            _wait_http(f"http://127.0.0.1:{SCALER_METRICS}/metrics", 30, scaler, "keda-llm-scaler")
+            env["KLS_SCALER_ADDRESS"] = f"127.0.0.1:{SCALER_GRPC}"
+            env["KLS_SCALER_METRICS"] = f"http://127.0.0.1:{SCALER_METRICS}/metrics"
+        (workdir / "env.json").write_text(json.dumps({**env, "timings": cp.timings}, indent=1) + "\n")
+        if not args.cmd:
+            _say("control plane is up; no CMD given, stopping")
+            code = 0
+        else:
+            cmd_proc = subprocess.Popen(args.cmd, env={**os.environ, **env})
+            code = cmd_proc.wait()
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as exc:  # a component that would not start: say which, with its log's tail
+        _say(f"failed: {exc}")
+        code = 1
+    finally:
+        if cmd_proc is not None and cmd_proc.poll() is None:
+            cmd_proc.kill()
+            cmd_proc.wait()
+        cp.stop()
+        cp.cleanup()
+        if args.workdir is None and not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif code != 0 or args.keep:
+            _say(f"logs kept in {workdir / 'logs'}")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="scripts/controlplane", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="build (or reuse) kube-apiserver, kube-controller-manager and KEDA")
+    sub.add_parser("versions", help="print the versions and where the binaries are cached")
+    run = sub.add_parser("run", help="start everything in a private network namespace and run CMD there")
+    run.add_argument("--hpa-sync-period", type=float, default=15.0, help="seconds (Kubernetes' default 15)")
+    run.add_argument("--profile", default="8b-h100", help="the pods' replica profile (default 8b-h100)")
+    run.add_argument("--mix", default="decode-heavy", help="the load's token mix (default decode-heavy)")
+    run.add_argument("--ready-after", type=float, default=3.0, help="seconds a pod takes to become Ready")
+    run.add_argument("--no-scaler", action="store_true", help="do not start keda-llm-scaler")
+    run.add_argument("--workdir", default=None, help="keep the run's files here (default: a temporary dir)")
+    run.add_argument("--keep", action="store_true", help="keep the temporary directory (logs) after the run")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS…")
+    args = ap.parse_args(argv)
+    if args.command == "build":
+        b = build()
+        print(b.bin)
+        return 0
+    if args.command == "versions":
+        b = binaries()
+        print(json.dumps({"kubernetes": KUBERNETES_VERSION, "keda": KEDA_VERSION, "bin": str(b.bin),
+                          "complete": b.complete}))  # fmt: skip
+        return 0
+    if args.cmd and args.cmd[0] == "--":
+        args.cmd = args.cmd[1:]
+    if os.environ.get(INSIDE_ENV) != "1":
+        if not binaries().complete:
+            _say("binaries missing: building them first (scripts/controlplane build)")
+            build()
+        return _enter_namespace(argv)
+    return _run_inside(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
