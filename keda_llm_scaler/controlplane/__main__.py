@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -111,7 +112,8 @@ def _run_inside(args: argparse.Namespace) -> int:
                 "keda-llm-scaler",
                 [sys.executable, "-m", "keda_llm_scaler", "serve", "--host", "127.0.0.1",
                  "--grpc-port", str(SCALER_GRPC), "--metrics-port", str(SCALER_METRICS),
-                 "--kubeconfig", str(cp.kubeconfig), "--log-json", "true", "--victim-ranking", "*"],
+                 "--kubeconfig", str(cp.kubeconfig), "--log-json", "true", "--victim-ranking", "*",
+                 *shlex.split(args.scaler_args)],
             )  # fmt: skip
             _wait_http(f"http://127.0.0.1:{SCALER_METRICS}/metrics", 30, scaler, "keda-llm-scaler")
             env["KLS_SCALER_ADDRESS"] = f"127.0.0.1:{SCALER_GRPC}"
@@ -153,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--mix", default="decode-heavy", help="the load's token mix (default decode-heavy)")
     run.add_argument("--ready-after", type=float, default=3.0, help="seconds a pod takes to become Ready")
     run.add_argument("--no-scaler", action="store_true", help="do not start keda-llm-scaler")
+    run.add_argument(
+        "--scaler-args", default="", help="more `serve` flags for the scaler (they override the run's own)"
+    )
     run.add_argument("--workdir", default=None, help="keep the run's files here (default: a temporary dir)")
     run.add_argument("--keep", action="store_true", help="keep the temporary directory (logs) after the run")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS…")
