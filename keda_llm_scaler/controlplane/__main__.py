@@ -9,7 +9,9 @@ kube-controller-manager, KEDA's operator and metrics adapter, the pod stand-in a
 - ``KLS_SCALER_ADDRESS``: the scaler's gRPC address (host:port), for a ScaledObject's ``scalerAddress``;
 - ``KLS_SCALER_METRICS``: the scaler's own /metrics URL;
 - ``KLS_PODS``: the pod stand-in's control API (``/status``, ``/load``, ``/fail``);
+- ``KLS_CONTROLPLANE``: faults on request (``POST /restart-apiserver``, ``POST /compact-etcd``);
 - ``KLS_CONTROLPLANE_DIR``: the run's directory (``pki/``, ``logs/``, kubeconfigs);
+- ``KLS_AUDIT_LOG``: the API server's audit log (JSON lines): every request on EndpointSlices and pods;
 - ``KLS_HPA_SYNC_PERIOD``: the HPA controller's sync period in seconds (``--hpa-sync-period``);
 - ``KLS_KUBERNETES_VERSION``, ``KLS_KEDA_VERSION``.
 
@@ -35,7 +37,7 @@ from keda_llm_scaler.controlplane.build import KEDA_VERSION, KUBERNETES_VERSION,
 from keda_llm_scaler.controlplane.cluster import NODE_IP, POD_CIDR, ControlPlane
 
 INSIDE_ENV = "KLS_CONTROLPLANE_INSIDE"
-SCALER_GRPC, SCALER_METRICS, PODS_CONTROL = 9090, 9091, 7070
+SCALER_GRPC, SCALER_METRICS, PODS_CONTROL, PLANE_CONTROL = 9090, 9091, 7070, 7071
 
 
 def _say(msg: str) -> None:
@@ -99,10 +101,13 @@ def _run_inside(args: argparse.Namespace) -> int:
              "--mix", args.mix, "--ready-after", str(args.ready_after)],
         )  # fmt: skip
         _wait_http(f"http://127.0.0.1:{PODS_CONTROL}/status", 30, pods, "pod stand-in")
+        cp.serve_control(PLANE_CONTROL)
         env = {
             "KUBECONFIG": str(cp.kubeconfig),
+            "KLS_CONTROLPLANE": f"http://127.0.0.1:{PLANE_CONTROL}",
             "KLS_PODS": f"http://127.0.0.1:{PODS_CONTROL}",
             "KLS_CONTROLPLANE_DIR": str(workdir),
+            "KLS_AUDIT_LOG": str(cp.audit_log),
             "KLS_HPA_SYNC_PERIOD": f"{args.hpa_sync_period:g}",
             "KLS_KUBERNETES_VERSION": KUBERNETES_VERSION,
             "KLS_KEDA_VERSION": KEDA_VERSION,

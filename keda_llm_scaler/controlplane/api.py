@@ -83,7 +83,11 @@ class Api:
 
     # -- requests -------------------------------------------------------------------------------
     def request(self, method: str, path: str, *, what: str = "", ok: tuple[int, ...] = (), **kw: Any) -> Any:
-        resp = self._client.request(method, path, **kw)
+        try:
+            resp = self._client.request(method, path, **kw)
+        except httpx.TransportError:
+            # a pooled connection the API server closed (a restart): one fresh try, then the error
+            resp = self._client.request(method, path, **kw)
         if resp.status_code >= 300 and resp.status_code not in ok:
             raise ApiError(resp.status_code, resp.text, what or f"{method} {path}")
         if not resp.content:

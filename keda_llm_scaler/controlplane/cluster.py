@@ -171,6 +171,25 @@ class ControlPlane:
 
         eventually(healthy, 30, "etcd healthy", 0.2)
 
+    def _audit_policy(self) -> Path:
+        """Every request on EndpointSlices and pods, logged once as it arrives: the e2e tests count the
+        lists and watches a client makes, per namespace, from what the server itself saw."""
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump({
+            "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+            "omitStages": ["ResponseStarted", "ResponseComplete", "Panic"],
+            "rules": [
+                {"level": "Metadata", "resources": [{"group": "discovery.k8s.io", "resources": ["endpointslices"]},
+                                                    {"group": "", "resources": ["pods"]}]},
+                {"level": "None"},
+            ],
+        }))  # fmt: skip
+        return policy
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "logs" / "audit.log"
+
     def start_apiserver(self) -> None:
         pki, p = self.pki, self.ports
         self._spawn(
@@ -193,6 +212,8 @@ class ControlPlane:
              "--requestheader-extra-headers-prefix=X-Remote-Extra-",
              f"--proxy-client-cert-file={pki.file('front-proxy-client.crt')}",
              f"--proxy-client-key-file={pki.file('front-proxy-client.key')}",
+             f"--audit-policy-file={self._audit_policy()}", f"--audit-log-path={self.audit_log}",
+             "--audit-log-maxbackup=1", "--audit-log-maxsize=200",
              "--profiling=false", "--v=1"],
         )  # fmt: skip
         api = Api(
@@ -289,6 +310,67 @@ class ControlPlane:
         svc = api.get("apiregistration.k8s.io/v1", "APIService", None, "v1beta1.external.metrics.k8s.io") or {}
         conds = svc.get("status", {}).get("conditions", [])
         return any(c["type"] == "Available" and c["status"] == "True" for c in conds)
+
+    # -- faults the tests ask for ----------------------------------------------------------------------
+    def restart_apiserver(self) -> float:
+        """Stop kube-apiserver (SIGTERM) and start it again; returns the seconds until it is ready."""
+        t0 = time.monotonic()
+        self.stop_process("kube-apiserver")
+        self.start_apiserver()
+        return time.monotonic() - t0
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (what the API server does every 5 min);
+        returns that revision. Through etcd's own gRPC gateway: no etcdctl needed."""
+        import httpx
+
+        base = f"http://127.0.0.1:{self.ports.etcd}/v3"
+        # a range over one absent key returns the header with the current revision
+        head = httpx.post(f"{base}/kv/range", json={"key": "AA=="}, timeout=10).json()
+        revision = int(head["header"]["revision"])
+        httpx.post(f"{base}/kv/compaction", json={"revision": revision, "physical": True}, timeout=30).raise_for_status()
+        return revision
+
+    def serve_control(self, port: int) -> object:
+        """``POST /restart-apiserver`` and ``POST /compact-etcd`` on 127.0.0.1 (JSON answers)."""
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        plane = self
+        # processes are started from one long-lived thread: PR_SET_PDEATHSIG fires when the *thread*
+        # that forked a child exits, and each HTTP request runs on a thread of its own
+        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="controlplane-faults")
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                try:
+                    if self.path == "/restart-apiserver":
+                        body: dict[str, object] = {"ready_after_s": worker.submit(plane.restart_apiserver).result()}
+                    elif self.path == "/compact-etcd":
+                        body = {"revision": worker.submit(plane.compact_etcd).result()}
+                    else:
+                        body = {"error": "POST /restart-apiserver or /compact-etcd"}
+                except Exception as exc:  # report, keep serving
+                    body, code = {"error": str(exc)}, 500
+                else:
+                    code = 404 if "error" in body else 200
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True, name="controlplane-control").start()
+        return server
 
     def cleanup(self) -> None:
         data = getattr(self, "etcd_data", None)

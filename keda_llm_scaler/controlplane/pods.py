@@ -32,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from keda_llm_scaler.controlplane.api import Api, ApiError
@@ -233,13 +234,15 @@ class PodStandIn:
         except ApiError as exc:
             if exc.status != 404:
                 self._error(f"status of {local.name}: {exc}")
+        except httpx.HTTPError as exc:  # the API server restarting: the engine loop reports it again
+            self._error(f"status of {local.name}: {exc}")
 
     def _delete_now(self, meta: dict[str, Any]) -> None:
         body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
         try:
             self.api.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", json=body,
                              ok=(404, 409), what="final delete")  # fmt: skip
-        except ApiError as exc:
+        except (ApiError, httpx.HTTPError) as exc:
             self._error(f"delete {meta['name']}: {exc}")
 
     def _forget(self, uid: str, cut: bool) -> None:
@@ -271,6 +274,7 @@ class PodStandIn:
                     local.replica.finished = []
                     if not local.ready and now >= local.ready_at and local.deleting_since is None:
                         local.ready = True
+                    if local.ready and not local.reported_ready and local.deleting_since is None:
                         to_report.append(local)
                     if local.deleting_since is not None:
                         drained = local.replica.in_flight() == 0
