@@ -117,10 +117,7 @@ class Api:
         for doc in yaml.safe_load_all(text):
             if not doc:
                 continue
-            if doc.get("kind", "").endswith("List") and "items" in doc:
-                docs = doc["items"]
-            else:
-                docs = [doc]
+            docs = doc["items"] if doc.get("kind", "").endswith("List") and "items" in doc else [doc]
             for d in docs:
                 res = self.resource(d["apiVersion"], d["kind"])
                 if namespace and res.namespaced:

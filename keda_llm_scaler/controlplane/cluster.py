@@ -138,7 +138,7 @@ class ControlPlane:
             conf = {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "clusters": [{"name": "e2e", "cluster": {"server": self.server, "certificate-authority": str(pki.file("ca.crt"))}}],
+                "clusters": [{"name": "e2e", "cluster": {"server": self.server, "certificate-authority": str(pki.file("ca.crt"))}}],  # noqa: E501
                 "users": [{"name": user, "user": {"client-certificate": str(pki.file(f"{user}.crt")),
                                                   "client-key": str(pki.file(f"{user}.key"))}}],
                 "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
@@ -244,7 +244,7 @@ class ControlPlane:
             "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
             "metadata": {"name": "v1beta1.external.metrics.k8s.io"},
             "spec": {"group": "external.metrics.k8s.io", "version": "v1beta1",
-                     "service": {"name": "keda-metrics-apiserver", "namespace": KEDA_NAMESPACE, "port": self.ports.adapter},
+                     "service": {"name": "keda-metrics-apiserver", "namespace": KEDA_NAMESPACE, "port": self.ports.adapter},  # noqa: E501
                      "caBundle": _b64(self.pki.file("ca.crt").read_bytes()),
                      "groupPriorityMinimum": 100, "versionPriority": 100},
         })  # fmt: skip
@@ -253,7 +253,7 @@ class ControlPlane:
             listed = api.list("apiextensions.k8s.io/v1", "CustomResourceDefinition")
             keda = [c for c in listed["items"] if c["spec"]["group"] == "keda.sh"]
             return bool(keda) and all(
-                any(cond["type"] == "Established" and cond["status"] == "True" for cond in c.get("status", {}).get("conditions", []))
+                any(cond["type"] == "Established" and cond["status"] == "True" for cond in c.get("status", {}).get("conditions", []))  # noqa: E501
                 for c in keda
             )  # fmt: skip
 
@@ -295,7 +295,7 @@ class ControlPlane:
         self._spawn(
             "keda-adapter",
             [str(self.binaries.path("keda-adapter")), f"--secure-port={p.adapter}", "--bind-address=127.0.0.1",
-             f"--cert-dir={certs}", f"--tls-cert-file={certs / 'tls.crt'}", f"--tls-private-key-file={certs / 'tls.key'}",
+             f"--cert-dir={certs}", f"--tls-cert-file={certs / 'tls.crt'}", f"--tls-private-key-file={certs / 'tls.key'}",  # noqa: E501
              f"--metrics-service-address=127.0.0.1:{p.keda_grpc}",
              "--metrics-service-grpc-authority=keda-operator.keda.svc.cluster.local",
              f"--port={p.adapter_metrics}", f"--kubeconfig={self.kubeconfig}",
@@ -328,16 +328,17 @@ class ControlPlane:
         # a range over one absent key returns the header with the current revision
         head = httpx.post(f"{base}/kv/range", json={"key": "AA=="}, timeout=10).json()
         revision = int(head["header"]["revision"])
-        httpx.post(f"{base}/kv/compaction", json={"revision": revision, "physical": True}, timeout=30).raise_for_status()
+        httpx.post(
+            f"{base}/kv/compaction", json={"revision": revision, "physical": True}, timeout=30
+        ).raise_for_status()
         return revision
 
     def serve_control(self, port: int) -> object:
         """``POST /restart-apiserver`` and ``POST /compact-etcd`` on 127.0.0.1 (JSON answers)."""
         import json
         import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
         from concurrent.futures import ThreadPoolExecutor
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         plane = self
         # processes are started from one long-lived thread: PR_SET_PDEATHSIG fires when the *thread*
@@ -345,7 +346,7 @@ class ControlPlane:
         worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="controlplane-faults")
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 try:
                     if self.path == "/restart-apiserver":
                         body: dict[str, object] = {"ready_after_s": worker.submit(plane.restart_apiserver).result()}

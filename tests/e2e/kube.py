@@ -117,7 +117,7 @@ class Fleet:
         })  # fmt: skip
 
     def scaled_object(self, metadata: dict[str, str], *, trigger: str = "external", min_replicas: int = 1,
-                      max_replicas: int = 6, polling_s: int = 5, cooldown_s: int = 30, fallback: dict[str, Any] | None = None,
+                      max_replicas: int = 6, polling_s: int = 5, cooldown_s: int = 30, fallback: dict[str, Any] | None = None,  # noqa: E501
                       behavior: dict[str, Any] | None = None, name: str | None = None) -> dict[str, Any]:  # fmt: skip
         spec: dict[str, Any] = {
             "scaleTargetRef": {"name": self.app},
@@ -125,7 +125,9 @@ class Fleet:
             "cooldownPeriod": cooldown_s,
             "minReplicaCount": min_replicas,
             "maxReplicaCount": max_replicas,
-            "triggers": [{"type": trigger, "metadata": {"scalerAddress": os.environ["KLS_SCALER_ADDRESS"], **metadata}}],
+            "triggers": [
+                {"type": trigger, "metadata": {"scalerAddress": os.environ["KLS_SCALER_ADDRESS"], **metadata}}
+            ],
         }
         if fallback:
             spec["fallback"] = fallback

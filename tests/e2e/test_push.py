@@ -21,7 +21,7 @@ def test_batch_fleet_at_zero_wakes_through_the_push_stream(api: Api, pods: Pods,
     fleet.replicas = 0
     fleet.create(grace_s=5)
     api.apply({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "vllm-pinned", "namespace": ns, "labels": {"app": "vllm"}},
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "vllm-pinned", "namespace": ns, "labels": {"app": "vllm"}},  # noqa: E501
         "spec": {"automountServiceAccountToken": False, "terminationGracePeriodSeconds": 1,
                  "containers": [{"name": "vllm", "image": "vllm/vllm-openai:sim", "ports": [{"containerPort": 8000}]}]},
     })  # fmt: skip

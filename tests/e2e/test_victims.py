@@ -11,7 +11,9 @@ from tests.e2e.kube import Fleet, Pods, eventually
 
 COST = "controller.kubernetes.io/pod-deletion-cost"
 FAST = {"service": "vllm", "engine": "vllm", "replicaCapacity": "3", "scrapeInterval": "1", "demandWindow": "20"}
-BEHAVIOR = {"scaleDown": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 4, "periodSeconds": 5}]}}
+BEHAVIOR = {
+    "scaleDown": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 4, "periodSeconds": 5}]}
+}
 
 
 def _costs(api: Api, ns: str) -> dict[str, int | None]:

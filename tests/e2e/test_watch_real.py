@@ -101,7 +101,7 @@ async def proxied(api: Api) -> AsyncIterator[tuple[DroppingProxy, KubeClient]]:
     proxy = DroppingProxy(int(base.api_url.rsplit(":", 1)[1]))
     port = await proxy.start()
     client = KubeClient(KubeConfig(f"https://127.0.0.1:{port}", ca_file=base.ca_file,
-                                   client_cert_file=base.client_cert_file, client_key_file=base.client_key_file))  # fmt: skip
+                                   client_cert_file=base.client_cert_file, client_key_file=base.client_key_file))  # fmt: skip  # noqa: E501
     yield proxy, client
     await client.aclose()
     await proxy.close()
@@ -120,7 +120,7 @@ async def test_dropped_watches_resume_without_a_relist_and_bookmarks_advance(
     assert await informer.wait_synced(30), informer.error
     await until(lambda: len(addresses(informer)) == 1, 30, "the first pod's address")
     for n in (2, 3, 4):
-        await until(lambda: server_counts(fleet.namespace)[1] >= n - 1, 30, "a watch open")
+        await until(lambda n=n: server_counts(fleet.namespace)[1] >= n - 1, 30, "a watch open")
         proxy.drop()  # cut mid-stream
         scale(fleet, n)
         await until(lambda n=n: len(addresses(informer)) == n, 60, f"{n} addresses after the drop")
