@@ -12,13 +12,14 @@ import ssl
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-__all__ = ["Api", "ApiError", "ProcessDied", "eventually"]
+__all__ = ["Api", "ApiError", "ProcessDied", "eventually", "reply_json"]
 
 FIELD_MANAGER = "keda-llm-scaler-e2e"
 
@@ -61,6 +62,14 @@ class Api:
             tls.load_cert_chain(str(cert), str(key))
         self._client = httpx.Client(base_url=server, verify=tls, headers=headers, timeout=timeout)
         self._resources: dict[tuple[str, str], Resource] = {}
+
+    @classmethod
+    def from_kubeconfig(cls, path: Path) -> Api:
+        """The first cluster and user of a kubeconfig the harness wrote (client certificate files)."""
+        conf = yaml.safe_load(path.read_text())
+        cluster, user = conf["clusters"][0]["cluster"], conf["users"][0]["user"]
+        return cls(cluster["server"], Path(cluster["certificate-authority"]), Path(user["client-certificate"]),
+                   Path(user["client-key"]))  # fmt: skip
 
     def close(self) -> None:
         self._client.close()
@@ -163,6 +172,16 @@ class Api:
             for line in resp.iter_lines():
                 if line:
                     yield json.loads(line)
+
+
+def reply_json(handler: BaseHTTPRequestHandler, code: int, body: Any) -> None:
+    """Answer one request of a harness control API (the pod stand-in's, the control plane's)."""
+    data = json.dumps(body).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
 
 
 def eventually(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:

@@ -21,7 +21,7 @@ from typing import IO
 
 import yaml
 
-from keda_llm_scaler.controlplane.api import Api, ProcessDied, eventually
+from keda_llm_scaler.controlplane.api import Api, ProcessDied, eventually, reply_json
 from keda_llm_scaler.controlplane.build import Binaries
 from keda_llm_scaler.controlplane.pki import Pki, make_pki
 
@@ -335,7 +335,6 @@ class ControlPlane:
 
     def serve_control(self, port: int) -> object:
         """``POST /restart-apiserver`` and ``POST /compact-etcd`` on 127.0.0.1 (JSON answers)."""
-        import json
         import threading
         from concurrent.futures import ThreadPoolExecutor
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -358,12 +357,7 @@ class ControlPlane:
                     body, code = {"error": str(exc)}, 500
                 else:
                     code = 404 if "error" in body else 200
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply_json(self, code, body)
 
             def log_message(self, format: str, *args: object) -> None:
                 pass

@@ -33,9 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-from keda_llm_scaler.controlplane.api import Api, ApiError
+from keda_llm_scaler.controlplane.api import Api, ApiError, reply_json
 from keda_llm_scaler.sim.exporter import ReplicaExporter
 from keda_llm_scaler.sim.mixes import MIXES, LognormalMix
 from keda_llm_scaler.sim.profiles import get_profile
@@ -354,12 +353,7 @@ class PodStandIn:
 
         class Handler(BaseHTTPRequestHandler):
             def _send(self, code: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply_json(self, code, body)
 
             def do_GET(self) -> None:
                 if self.path == "/status":
@@ -404,14 +398,6 @@ def _poisson(rng: random.Random, mean: float) -> int:
         k += 1
 
 
-def _api_from_kubeconfig(path: Path) -> Api:
-    conf = yaml.safe_load(path.read_text())
-    cluster = conf["clusters"][0]["cluster"]
-    user = conf["users"][0]["user"]
-    return Api(cluster["server"], Path(cluster["certificate-authority"]), Path(user["client-certificate"]),
-               Path(user["client-key"]))  # fmt: skip
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m keda_llm_scaler.controlplane.pods", description=__doc__.split("\n\n")[0]
@@ -424,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ready-after", type=float, default=3.0, help="seconds from start to Ready (model loading)")
     ap.add_argument("--slo-ttft", type=float, default=2.0)
     args = ap.parse_args(argv)
-    standin = PodStandIn(_api_from_kubeconfig(args.kubeconfig), args.pod_cidr, args.profile, args.mix,
+    standin = PodStandIn(Api.from_kubeconfig(args.kubeconfig), args.pod_cidr, args.profile, args.mix,
                          args.ready_after, args.slo_ttft)  # fmt: skip
     standin.register_node()
     host, _, port = args.control.rpartition(":")

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from keda_llm_scaler.controlplane.api import Api
@@ -21,10 +20,7 @@ __all__ = ["Fleet", "Pods", "admin_api", "eventually", "scaler_metric"]
 
 
 def admin_api() -> Api:
-    conf = yaml.safe_load(Path(os.environ["KUBECONFIG"]).read_text())
-    cluster, user = conf["clusters"][0]["cluster"], conf["users"][0]["user"]
-    return Api(cluster["server"], Path(cluster["certificate-authority"]), Path(user["client-certificate"]),
-               Path(user["client-key"]))  # fmt: skip
+    return Api.from_kubeconfig(Path(os.environ["KUBECONFIG"]))
 
 
 def eventually(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
