@@ -77,3 +77,32 @@ def test_warm_start_fills_the_window() -> None:
     hpa.warm_start(0.0, 8)
     assert hpa.decide(15.0, 8, 8, av(1.0)) == 8  # not an instant drop to 1
     assert hpa.decide(400.0, 8, 8, av(1.0)) == 1  # once the window has passed
+
+
+def test_a_policy_period_starts_before_every_change_in_it() -> None:
+    # horizontal.go: periodStartReplicas = current - added + deleted, over both directions. One pod
+    # removed 15 s ago is given back on top of the 4 the up policy allows in its 60 s period.
+    b = Behavior(up_policies=(BEHAVIORS["llm"].up_policies[0],), down_stabilization_s=0.0,
+                 down_policies=BEHAVIORS["llm"].down_policies)  # fmt: skip
+    hpa = Hpa(1, 100, b)
+    assert hpa.decide(0.0, 6, 6, av(5.0)) == 5  # one pod down
+    assert hpa.decide(15.0, 5, 5, av(20.0)) == 10  # start of the period: 6, plus 4
+
+
+def test_an_up_limit_counts_the_downs_of_its_period() -> None:
+    # +4 then -1 in one up period: the limit counts both, from the count before either
+    b = Behavior(up_policies=(BEHAVIORS["llm"].up_policies[0],), down_stabilization_s=0.0,
+                 down_policies=(BEHAVIORS["llm"].down_policies[0],))  # fmt: skip
+    hpa = Hpa(1, 100, b)
+    assert hpa.decide(0.0, 2, 2, av(6.0)) == 6
+    assert hpa.decide(5.0, 6, 6, av(5.0)) == 5  # one down
+    assert hpa.decide(10.0, 5, 5, av(30.0)) == 6  # up: period start 5 - 4 + 1 = 2, limit 2 + 4
+
+
+def test_the_first_sync_records_the_current_count() -> None:
+    # recordInitialRecommendation: an HPA created at 10 replicas with a low metric keeps 10 for the whole
+    # down-stabilization window, as if it had recommended 10 at its first sync
+    hpa = Hpa(1, 100)
+    assert hpa.decide(0.0, 10, 10, av(2.0)) == 10
+    assert hpa.decide(299.0, 10, 10, av(2.0)) == 10
+    assert hpa.decide(301.0, 10, 10, av(2.0)) == 2

@@ -11,6 +11,12 @@ Two metric shapes cover the policies compared here:
 Behavior defaults (Kubernetes ``defaults.go``): scale-up stabilization 0 s with policies
 ``Pods 4 / 15 s`` and ``Percent 100 / 15 s`` (select Max); scale-down stabilization 300 s with
 ``Percent 100 / 15 s``. Tolerance 0.1. Sync every 15 s.
+
+Checked against the real controller (``tests/e2e/test_hpa_emulation.py``, docs/e2e.md) and its source
+(``pkg/controller/podautoscaler/horizontal.go`` of v1.36): a policy's period starts from the replicas
+before *every* change in it, up and down (``periodStartReplicas = current - added + deleted``); a limit
+never moves the count the other way; the first sync records the current count as a recommendation;
+stabilization windows take recommendations strictly newer than their cutoff.
 """
 
 from __future__ import annotations
@@ -40,6 +46,30 @@ class Behavior:
     down_stabilization_s: float = 300.0
     down_policies: tuple[ScalingPolicy, ...] = (ScalingPolicy("Percent", 100, 15),)
     tolerance: float = 0.1
+
+    def scaled(self, factor: float) -> Behavior:
+        """Every window and period times ``factor`` (whole seconds, at least 1: what the API accepts),
+        for an end-to-end run that plays a long scenario in a short time."""
+
+        def sec(s: float) -> float:
+            return float(max(1, round(s * factor))) if s > 0 else 0.0
+
+        def pols(ps: tuple[ScalingPolicy, ...]) -> tuple[ScalingPolicy, ...]:
+            return tuple(ScalingPolicy(p.kind, p.value, sec(p.period_s)) for p in ps)
+
+        return Behavior(sec(self.up_stabilization_s), pols(self.up_policies), sec(self.down_stabilization_s),
+                        pols(self.down_policies), self.tolerance)  # fmt: skip
+
+    def to_kubernetes(self) -> dict[str, object]:
+        """The HPA ``spec.behavior`` (ScaledObject ``advanced.horizontalPodAutoscalerConfig.behavior``) that
+        means this behavior; the tolerance is the controller's default and not part of it."""
+
+        def rules(stabilization: float, ps: tuple[ScalingPolicy, ...]) -> dict[str, object]:
+            policies = [{"type": p.kind, "value": int(p.value), "periodSeconds": int(p.period_s)} for p in ps]
+            return {"stabilizationWindowSeconds": int(stabilization), "selectPolicy": "Max", "policies": policies}
+
+        return {"scaleUp": rules(self.up_stabilization_s, self.up_policies),
+                "scaleDown": rules(self.down_stabilization_s, self.down_policies)}  # fmt: skip
 
 
 # `default`: Kubernetes' own. `llm`: what the README's ScaledObject examples set for replicas that take
@@ -85,35 +115,44 @@ class Hpa:
     _events: deque[tuple[float, int]] = field(default_factory=deque)  # (time, replica change)
 
     def _stabilize(self, now: float, recommended: int, current: int) -> int:
+        """horizontal.go ``stabilizeRecommendationWithBehaviors``: the count moves up only to the lowest
+        recommendation of the up window and down only to the highest of the down window (both include
+        this one); then this recommendation is recorded."""
         b = self.behavior
+        up_cutoff, down_cutoff = now - b.up_stabilization_s, now - b.down_stabilization_s
+        up = min((r for t, r in self._recommendations if t > up_cutoff), default=recommended)
+        down = max((r for t, r in self._recommendations if t > down_cutoff), default=recommended)
+        up, down = min(up, recommended), max(down, recommended)
         self._recommendations.append((now, recommended))
-        longest = max(b.up_stabilization_s, b.down_stabilization_s)
-        while self._recommendations and self._recommendations[0][0] < now - longest:
+        while self._recommendations and self._recommendations[0][0] <= min(up_cutoff, down_cutoff):
             self._recommendations.popleft()
-        up = min(r for t, r in self._recommendations if t >= now - b.up_stabilization_s)
-        down = max(r for t, r in self._recommendations if t >= now - b.down_stabilization_s)
-        if current < up:
-            return up
-        if current > down:
-            return down
-        return current
+        return min(max(current, up), down)
+
+    def _changed_since(self, now: float, period_s: float) -> tuple[int, int]:
+        """(replicas added, replicas removed) by this HPA in the last ``period_s``."""
+        added = sum(c for t, c in self._events if c > 0 and t > now - period_s)
+        removed = -sum(c for t, c in self._events if c < 0 and t > now - period_s)
+        return added, removed
 
     def _limit(self, now: float, desired: int, current: int) -> int:
+        """horizontal.go ``convertDesiredReplicasWithBehaviorRate``: each policy's limit from the count at
+        the start of its period (every change in the period undone), the largest change of the policies
+        (selectPolicy Max); a limit past the current count holds it."""
         b = self.behavior
         if desired > current:
             limits: list[int] = []
             for p in b.up_policies:
-                added = sum(c for t, c in self._events if c > 0 and t > now - p.period_s)
-                start = current - added  # replicas at the start of the period
+                added, removed = self._changed_since(now, p.period_s)
+                start = current - added + removed
                 limits.append(start + int(p.value) if p.kind == "Pods" else math.ceil(start * (1 + p.value / 100)))
-            return min(desired, max(limits))
+            return min(desired, max(current, max(limits)))
         if desired < current:
             limits = []
             for p in b.down_policies:
-                removed = -sum(c for t, c in self._events if c < 0 and t > now - p.period_s)
-                start = current + removed
+                added, removed = self._changed_since(now, p.period_s)
+                start = current - added + removed
                 limits.append(start - int(p.value) if p.kind == "Pods" else math.floor(start * (1 - p.value / 100)))
-            return max(desired, min(limits))
+            return max(desired, min(current, min(limits)))
         return current
 
     def warm_start(self, now: float, replicas: int) -> None:
@@ -126,6 +165,8 @@ class Hpa:
         """One sync: the new replica count. No reading (metric unavailable) keeps the current count."""
         if reading is None:
             return current
+        if not self._recommendations:  # horizontal.go recordInitialRecommendation
+            self._recommendations.append((now, current))
         recommended = proposal(reading, current, ready, self.behavior.tolerance)
         desired = self._stabilize(now, recommended, current)
         desired = self._limit(now, desired, current)
