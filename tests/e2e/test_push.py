@@ -3,7 +3,9 @@
 The fleet's Service selects the Deployment's pods and one pinned pod of the same app (a reserved replica
 that is always there, the overflow scaling from zero behind it). While the pinned pod idles, the batch
 fleet is inactive and stays at zero; when work reaches it, the scaler pushes ``active`` and KEDA wakes
-the Deployment. KEDA polls only every 300 s here, so a wake within a minute can only be the push.
+the Deployment. KEDA polls every 5 s until it has seen the idle fleet inactive (its first poll can come
+before the scaler has a rate, and KEDA >= 2.18 ignores a pushed ``false``), then the ScaledObject is
+patched to poll only every 300 s, so a wake within a minute can only be the push.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def test_batch_fleet_at_zero_wakes_through_the_push_stream(api: Api, pods: Pods,
     eventually(lambda: any(p["ready"] for p in pods.of(ns, "vllm")), 60, "the pinned pod ready")
     meta = {"service": "vllm", "engine": "vllm", "workloadClass": "batch", "replicaCapacity": "3",
             "scrapeInterval": "1", "demandWindow": "20"}  # fmt: skip
-    fleet.scaled_object(meta, trigger="external-push", min_replicas=0, max_replicas=4, polling_s=POLLING_S,
+    fleet.scaled_object(meta, trigger="external-push", min_replicas=0, max_replicas=4, polling_s=5,
                         cooldown_s=10)  # fmt: skip
 
     def active() -> str | None:
@@ -39,7 +41,10 @@ def test_batch_fleet_at_zero_wakes_through_the_push_stream(api: Api, pods: Pods,
         return None
 
     eventually(lambda: active() == "False", 60, "the idle batch fleet inactive")
+    # KEDA restarts the scale loop on a spec change: one immediate poll (inactive), the next in 300 s
+    api.patch("keda.sh/v1alpha1", "ScaledObject", ns, "vllm", {"spec": {"pollingInterval": POLLING_S}})
     time.sleep(5)
+    assert active() == "False", "still inactive after the restarted scale loop's first poll"
     assert fleet.spec_replicas() == 0, "an idle batch fleet stays at zero"
 
     start = time.monotonic()
