@@ -22,6 +22,8 @@ Nothing can reach an address outside the namespace: it has no route but loopback
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import os
 import shlex
@@ -51,7 +53,77 @@ def _enter_namespace(argv: list[str]) -> int:
         return 2
     flags = ["--net", "--fork", "--kill-child"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
     cmd = [unshare, *flags, "--", sys.executable, "-m", "keda_llm_scaler.controlplane", *argv]
-    return subprocess.call(cmd, env={**os.environ, INSIDE_ENV: "1"})
+    proc = subprocess.Popen(cmd, env={**os.environ, INSIDE_ENV: "1"})
+
+    def forward(signum: int, _frame: object) -> None:
+        # unshare neither forwards a signal nor outlives one cleanly (its child would be left to init, or
+        # killed without its cleanup): the runner inside gets SIGTERM and stops everything by pid itself
+        inner = _children(proc.pid)
+        for pid in inner:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        if not inner:
+            proc.send_signal(signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:  # a second Ctrl-C while the inside stops: keep waiting for it
+            continue
+
+
+def _stop_leftovers(grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL, every process still below this one (by pid), and reap them."""
+    left = _descendants(os.getpid())
+    for pid in left:
+        _say(f"stopping leftover process {pid}")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while left and time.monotonic() < deadline:
+        _reap()
+        time.sleep(0.1)
+        left = _descendants(os.getpid())
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    _reap()
+
+
+def _reap() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out.extend(kids)
+        todo.extend(kids)
+    # zombies are gone already (only the reaping is left)
+    return [p for p in out if _state(p) not in ("Z", "")]
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out.extend(int(c) for c in f.read().split())
+    return out
 
 
 def _network() -> None:
@@ -92,6 +164,9 @@ def _run_inside(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    # PR_SET_CHILD_SUBREAPER: what CMD starts and leaves behind (a test's own scaler, killed pytest's
+    # children) is reparented here instead of to init, so the stop below can find it by pid
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1)
     try:
         cp.start()
         pods = cp._spawn(
@@ -130,16 +205,21 @@ def _run_inside(args: argparse.Namespace) -> int:
         else:
             cmd_proc = subprocess.Popen(args.cmd, env={**os.environ, **env})
             code = cmd_proc.wait()
+            if code < 0:  # killed by a signal: the shell's 128 + N
+                code = 128 - code
     except KeyboardInterrupt:
         code = 130
     except Exception as exc:  # a component that would not start: say which, with its log's tail
         _say(f"failed: {exc}")
         code = 1
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):  # stopping now: a second signal must not cut it short
+            signal.signal(sig, signal.SIG_IGN)
         if cmd_proc is not None and cmd_proc.poll() is None:
             cmd_proc.kill()
             cmd_proc.wait()
         cp.stop()
+        _stop_leftovers()
         cp.cleanup()
         if args.workdir is None and not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
