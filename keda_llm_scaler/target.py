@@ -44,6 +44,9 @@ __all__ = ["REPLICA_STATES", "FleetWorker", "ScrapeObserver", "Snapshot", "Targe
 
 log = structlog.get_logger(__name__)
 
+# a lasting discovery error (a 403, an API outage) is logged again after this long, not every cycle
+DISCOVERY_LOG_EVERY_S = 60.0
+
 
 class ScrapeObserver(Protocol):
     def scrape_done(self, cfg: TriggerConfig, result: ScrapeResult) -> None: ...
@@ -83,6 +86,7 @@ class Snapshot:
     membership: Membership = field(
         default_factory=Membership
     )  # every member with its phase (ready, starting, pending, ...)
+    resolved: bool = True  # False: discovery never succeeded, so the counts above are unknown, not 0
 
     @property
     def composite(self) -> Composite | None:
@@ -253,6 +257,7 @@ class FleetWorker:
         self._membership: Membership | None = None
         self._startups_seen: set[str] = set()
         self._phases: dict[str, str] = {}
+        self._discovery_logged: tuple[str, float] | None = None  # (error text, when), see _resolve
         self._cycle = 0
         # this fleet's share of the scrape slots, then its namespace's (per tenant)
         self._limits = (scraper.fleet_limit(), scraper.namespace_limit(cfg.namespace))
@@ -302,8 +307,15 @@ class FleetWorker:
         try:
             found = await self._resolver.resolve()
         except DiscoveryError as exc:
-            log.warning("discovery_failed", target=self.cfg.label, error=str(exc))
-            return str(exc)
+            # once per distinct error and then once a minute: the client retries (and backs off) every
+            # cycle, and a lasting 403 must not write a line a second
+            now, text = self._clock(), str(exc)
+            last = self._discovery_logged
+            if last is None or last[0] != text or now - last[1] >= DISCOVERY_LOG_EVERY_S:
+                log.warning("discovery_failed", target=self.cfg.label, error=text)
+                self._discovery_logged = (text, now)
+            return text
+        self._discovery_logged = None
         if self._membership is not None and found.urls != self._membership.urls:
             before, after = set(self._membership.urls), set(found.urls)
             log.info(
@@ -328,7 +340,9 @@ class FleetWorker:
         membership = self._membership
         if membership is None:  # never resolved: the fleet is unknown, which is not zero
             error = Evaluation((), None, f"discovery failed: {discovery_error}")
-            self._publish(lambda view: Snapshot(self._clock(), time.time(), self._cycle, error, discovery_error))
+            self._publish(
+                lambda view: Snapshot(self._clock(), time.time(), self._cycle, error, discovery_error, resolved=False)
+            )
             return
         urls = membership.urls
         self.scrapes += len(urls)

@@ -136,11 +136,12 @@ class _TargetCollector(Collector):
                 continue
             age.add_metric(labels, now - snap.taken_at)
             cycle.add_metric(labels, snap.cycle_s)
-            for state in REPLICA_STATES:
-                replicas.add_metric([*labels, state], snap.count(state))
-            replicas.add_metric([*labels, "starting"], snap.starting)
-            for phase in PHASES:
-                members.add_metric([*labels, phase], snap.membership.count(phase))
+            if snap.resolved:  # never discovered: the fleet's size is unknown, which is not 0 replicas
+                for state in REPLICA_STATES:
+                    replicas.add_metric([*labels, state], snap.count(state))
+                replicas.add_metric([*labels, "starting"], snap.starting)
+                for phase in PHASES:
+                    members.add_metric([*labels, phase], snap.membership.count(phase))
             if snap.composite is not None:
                 c = snap.composite
                 composite.add_metric(labels, c.value)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import structlog.testing
 
 from keda_llm_scaler.discovery import DiscoveryError, DnsResolver
 from keda_llm_scaler.metadata import Discovery, parse_trigger
@@ -191,12 +192,30 @@ async def test_api_errors_keep_the_last_fleet(
 async def test_never_resolved_is_unavailable(kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
     state, api, token = kube
     state.fail_status = 403
-    async with running_scaler(kube_api_url=api.url, kube_token_file=token) as server, channel_to(server) as ch:
-        keda = KedaEmulator(ch, "llm", "serving", {"service": "vllm", **FAST})
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await keda.poll()
-        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "403" in (err.value.details() or "")
+    with structlog.testing.capture_logs() as logs:
+        async with running_scaler(kube_api_url=api.url, kube_token_file=token) as server, channel_to(server) as ch:
+            keda = KedaEmulator(ch, "llm", "serving", {"service": "vllm", **FAST})
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await keda.poll()
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "403" in (err.value.details() or "")
+            target = server.registry.targets()[0]
+            first = target.snapshot.cycle if target.snapshot else 0
+            await eventually(
+                lambda: _async(target.snapshot is not None and target.snapshot.cycle >= first + 4), timeout=15.0
+            )
+            # a fleet never discovered has no size to show: no replica or member samples, never 0
+            labels = {"namespace": "serving", "scaledobject": "llm", "target": target.id}
+            get = server.metrics.registry.get_sample_value
+            assert get("llm_scaler_target_up", labels) == 0.0
+            assert get("llm_scaler_members", {**labels, "phase": "ready"}) is None
+            assert get("llm_scaler_replicas", {**labels, "state": "fresh"}) is None
+    # the same 403 on every cycle is one warning, not one per cycle
+    assert len([e for e in logs if e["event"] == "discovery_failed"]) == 1
+
+
+async def _async(value: bool) -> bool:
+    return value
 
 
 async def test_missing_service_is_unavailable_not_zero(kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
