@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "BadMetadata",
+    "BadObjectName",
     "InvalidSignal",
     "MissingSignal",
     "ModelNotFound",
@@ -27,6 +28,7 @@ __all__ = [
     "ScalerError",
     "UnknownMetric",
     "UnrecognizedPayload",
+    "quote_prefix",
 ]
 
 
@@ -40,9 +42,27 @@ class BadMetadata(ScalerError):
         super().__init__(f"metadata key {key!r}: {problem}; accepted: {accepted}")
 
 
+def quote_prefix(value: str, limit: int = 40) -> str:
+    """A user value as an error message may quote it: at most ``limit`` characters, printable, and the
+    full length said when it was cut (a 1 MB name must not become a 1 MB reply or log line)."""
+    shown = repr(value[:limit])
+    return shown if len(value) <= limit else f"{shown}... ({len(value)} characters)"
+
+
+class BadObjectName(BadMetadata):
+    """The ScaledObjectRef's ``name`` or ``namespace`` is not a Kubernetes name. Checked before any
+    target, series or log line exists: KEDA only ever sends names the API server accepted."""
+
+    def __init__(self, key: str, value: str, accepted: str) -> None:
+        self.key = key
+        ScalerError.__init__(
+            self, f"ScaledObjectRef {key} {quote_prefix(value)} is not a Kubernetes name; accepted: {accepted}"
+        )
+
+
 class UnknownMetric(ScalerError):
     def __init__(self, asked: str, served: str) -> None:
-        super().__init__(f"unknown metric name {asked!r}: this scaler serves {served!r}")
+        super().__init__(f"unknown metric name {quote_prefix(asked)}: this scaler serves {served!r}")
 
 
 class NoFreshData(ScalerError):

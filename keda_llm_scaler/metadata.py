@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from keda_llm_scaler.addresses import refusal
 from keda_llm_scaler.demand import bin_seconds
 from keda_llm_scaler.engines import ENGINE_CHOICES
-from keda_llm_scaler.errors import BadMetadata
+from keda_llm_scaler.errors import BadMetadata, BadObjectName
 from keda_llm_scaler.policy import ScoringParams
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "Discovery",
     "TriggerConfig",
     "check_address",
+    "check_object_ref",
     "endpoint_urls",
     "metadata_hints",
     "parse_trigger",
@@ -316,6 +317,21 @@ def _discovery(meta: Mapping[str, str], namespace: str, engine: str, allow_cross
         metrics_path=metrics_path,
         startup_budget_s=budget,
     )
+
+
+# Kubernetes' own rules for the names KEDA sends (apimachinery validation): a namespace is a DNS-1123
+# label, a ScaledObject's name a DNS-1123 subdomain. Nothing else can come from a real ScaledObject.
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def check_object_ref(namespace: str, name: str) -> None:
+    """Raise BadObjectName unless ``namespace`` and ``name`` are names the API server accepts; run before
+    either reaches a log line, a series label or a target."""
+    if len(namespace) > 63 or not _DNS1123_LABEL.fullmatch(namespace):
+        raise BadObjectName("namespace", namespace, "a DNS-1123 label: at most 63 of a-z, 0-9 and '-'")
+    if len(name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(name):
+        raise BadObjectName("name", name, "a DNS-1123 subdomain: at most 253 of a-z, 0-9, '-' and '.'")
 
 
 def parse_trigger(

@@ -22,7 +22,7 @@ from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_llm_scaler.activity import target_active
 from keda_llm_scaler.errors import BadMetadata, NoFreshData, ScalerError, UnknownMetric
-from keda_llm_scaler.metadata import METRIC_NAME, TriggerConfig
+from keda_llm_scaler.metadata import METRIC_NAME, TriggerConfig, check_object_ref
 from keda_llm_scaler.policy import Composite
 from keda_llm_scaler.registry import TargetRegistry, TooManyTargets
 from keda_llm_scaler.target import Target
@@ -52,7 +52,9 @@ def status_for(exc: ScalerError) -> grpc.StatusCode:
 
 
 def _bind(ref: pb.ScaledObjectRef) -> None:
+    """The call's log context, once its names are known to be Kubernetes names (BadObjectName else)."""
     structlog.contextvars.clear_contextvars()
+    check_object_ref(ref.namespace, ref.name)
     structlog.contextvars.bind_contextvars(scaledobject=f"{ref.namespace}/{ref.name}")
 
 
