@@ -115,6 +115,7 @@ class Target:
         self._poll_started = self.registered_at
         self.holders = 0  # open streams keep a target from eviction
         self._updated = asyncio.Event()
+        self._first_wait_ends: float | None = None  # see wait_first
         # the loop RPCs run on: snapshots published from the scrape loop's thread are handed over to it
         try:
             self._owner: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -165,9 +166,19 @@ class Target:
         return True
 
     async def wait_first(self, timeout: float) -> None:
-        if self.snapshot is None and timeout > 0:
+        """Wait for the first snapshot, at most ``timeout`` and never past the end of the first such wait
+        of this target: the calls of a new target share one wait, and once it is over (answered or not)
+        every call answers at once. KEDA calls several times a second at start; each waiting its own
+        budget would make every one of them slow."""
+        if self.snapshot is not None or timeout <= 0:
+            return
+        now = self._clock()
+        if self._first_wait_ends is None:
+            self._first_wait_ends = now + timeout
+        remaining = min(timeout, self._first_wait_ends - now)
+        if remaining > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._updated.wait(), timeout)
+                await asyncio.wait_for(self._updated.wait(), remaining)
 
     def update_event(self) -> asyncio.Event:
         """The event the next publish sets (take it before reading ``snapshot`` to miss none)."""

@@ -497,6 +497,33 @@ async def test_a_target_on_its_first_scrape_does_not_make_the_scaler_unready(
         hung.close()
 
 
+async def test_the_calls_of_a_new_target_share_one_first_scrape_wait(
+    scaler: ScalerServer, channel: grpc.aio.Channel
+) -> None:
+    # before: calls 2-6 of a new target each waited the whole warm-up budget, as KEDA's start-up calls do
+    slow = Replica(AT_TARGET)
+    try:
+        slow.set(delay_s=4.0)
+        keda = KedaEmulator(
+            channel, "new", "serving", {"endpoints": slow.url, "scrapeInterval": "5", "scrapeTimeout": "3"}
+        )
+        request = pb.GetMetricsRequest(scaledObjectRef=keda.ref, metricName="llm_composite")
+        took: list[float] = []
+        for _ in range(6):
+            start = time.perf_counter()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await keda.stub.GetMetrics(request)
+            took.append(time.perf_counter() - start)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "first scrape still in progress" in (err.value.details() or "")
+        (target,) = scaler.registry.targets()
+        assert target.snapshot is None  # still in its first scrape: every call above met the same state
+        # the first call waited the warm-up budget; the other five only the round trip
+        assert all(t < took[0] / 5 for t in took[1:]), took
+    finally:
+        slow.close()
+
+
 async def _has_snapshot(target: Any) -> bool:
     return target.snapshot is not None
 
