@@ -376,9 +376,12 @@ class FleetWorker:
             membership.starting,
             fresh,
         )
-        for res in results:
-            if self._observer is not None:
-                self._observer.scrape_done(cfg, res)
+        if self._observer is not None:
+            # under each ScaledObject that reads this fleet now, not the one that created the worker: that
+            # one may be gone, and its series must go with it (registry.evict_idle)
+            for view_cfg in [v.cfg for v in list(self.views.values())]:
+                for res in results:
+                    self._observer.scrape_done(view_cfg, res)
         for url, failing in changes:
             res = by_url[url]
             if failing:

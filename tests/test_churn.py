@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from prometheus_client import generate_latest
 
@@ -9,7 +11,12 @@ from keda_llm_scaler.errors import BadMetadata
 from keda_llm_scaler.metadata import parse_trigger
 from keda_llm_scaler.registry import MAX_METADATA_BYTES, TargetRegistry
 from keda_llm_scaler.scrape import Scraper, ScrapeResult
+from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.telemetry import ScalerMetrics
+from tests.payloads import EngineLoad, vllm_v1
+from tests.replicas import Replica
+from tests.scalerproc import channel_to, running_scaler
+from tests.test_server_keda import eventually
 
 DEAD = "http://127.0.0.1:9"
 
@@ -142,3 +149,34 @@ def test_series_of_a_forgotten_scaledobject_leave_metrics() -> None:
     metrics.forget("serving", "gone")
     text = generate_latest(metrics.registry).decode()
     assert 'scaledobject="gone"' not in text and 'scaledobject="stays"' in text
+
+
+async def test_an_evicted_scaledobject_leaves_no_series_when_its_fleet_is_shared() -> None:
+    # before: a fleet two ScaledObjects read kept observing its scrapes under the first one's name, so
+    # that name's histograms came back after it was evicted (310 lines left after three rounds)
+    replica = Replica(vllm_v1([EngineLoad(waiting=0, running=1, kv=0.1)]))
+    try:
+        async with running_scaler(target_idle_ttl=2.0) as server, channel_to(server) as ch:
+            meta = {"endpoints": replica.url, "scrapeInterval": "0.5"}
+            first = KedaEmulator(ch, "first", "serving", meta)
+            second = KedaEmulator(ch, "second", "serving", meta)
+            await first.poll()
+            await second.poll()
+            assert len({t.worker.key for t in server.registry.targets()}) == 1  # one shared fleet
+
+            def text() -> str:
+                return generate_latest(server.metrics.registry).decode()
+
+            async def first_gone() -> bool:
+                await second.poll()  # only the second is still asked
+                return [t.cfg.name for t in server.registry.targets()] == ["second"]
+
+            assert 'scaledobject="first"' in text()
+            await eventually(first_gone, timeout=30.0)
+            for _ in range(4):  # scrape cycles after the eviction must not bring the name back
+                await second.poll()
+                await asyncio.sleep(0.5)
+            assert 'scaledobject="first"' not in text()
+            assert 'scaledobject="second"' in text()
+    finally:
+        replica.close()
