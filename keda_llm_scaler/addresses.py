@@ -29,6 +29,7 @@ __all__ = [
     "AddressPolicy",
     "GuardedResolver",
     "RefusedAddress",
+    "embedded_ipv4",
     "normalize_host",
     "parse_networks",
     "redact",
@@ -53,6 +54,10 @@ _LINK_LOCAL_V4: Final = ipaddress.ip_network("169.254.0.0/16")
 _LINK_LOCAL_V6: Final = ipaddress.ip_network("fe80::/10")
 _AWS_IMDS_V6: Final = ipaddress.ip_network("fd00:ec2::/32")
 _NUMERIC: Final = frozenset("0123456789abcdefx.")
+# IPv6 forms that carry an IPv4 address a packet can end up at (RFC 4291 compatible, RFC 6052 NAT64)
+_V4_COMPATIBLE: Final = ipaddress.ip_network("::/96")
+_NAT64_WELL_KNOWN: Final = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL: Final = ipaddress.ip_network("64:ff9b:1::/48")
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -155,11 +160,34 @@ def refusal(host_or_ip: str) -> str | None:
             ip = ip.ipv4_mapped
         elif ip in _AWS_IMDS_V6:
             return f"{ip} is a metadata service address"
+        else:
+            for v4 in embedded_ipv4(ip):  # an IPv4 inside the IPv6 one: checked as that IPv4 is
+                why = refusal(str(v4))
+                if why is not None:
+                    return f"{ip} embeds {v4}: {why}"
     if ip in _LINK_LOCAL_V4 or ip in _LINK_LOCAL_V6:
         return f"link-local address {ip}"
     if ip.is_multicast or ip.is_unspecified:
         return f"{ip} is not a unicast host"
     return _policy.refusal(ip)
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries: IPv4-compatible (``::a.b.c.d``), 6to4 (2002::/16),
+    Teredo (2001::/32: server and client) and NAT64 (64:ff9b::/96, and 64:ff9b:1::/48 per RFC 6052)."""
+    out: list[ipaddress.IPv4Address] = []
+    n = int(ip)
+    if ip in _V4_COMPATIBLE and n > 1:  # :: and ::1 are not IPv4-compatible addresses
+        out.append(ipaddress.IPv4Address(n & 0xFFFFFFFF))
+    if ip in _NAT64_WELL_KNOWN:
+        out.append(ipaddress.IPv4Address(n & 0xFFFFFFFF))
+    if ip in _NAT64_LOCAL:  # /48 prefix: IPv4 bits 48-63 and 72-87, around the u octet
+        out.append(ipaddress.IPv4Address(((n >> 64) & 0xFFFF) << 16 | ((n >> 40) & 0xFFFF)))
+    if ip.sixtofour is not None:
+        out.append(ip.sixtofour)
+    if ip.teredo is not None:
+        out.extend(ip.teredo)
+    return out
 
 
 class GuardedResolver(AbstractResolver):

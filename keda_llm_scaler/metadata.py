@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
-from keda_llm_scaler.addresses import refusal
+from keda_llm_scaler.addresses import normalize_host, refusal
 from keda_llm_scaler.demand import bin_seconds
 from keda_llm_scaler.engines import ENGINE_CHOICES
 from keda_llm_scaler.errors import BadMetadata, BadObjectName
@@ -246,12 +246,17 @@ def endpoint_urls(raw: str, metrics_path: str) -> tuple[str, ...]:
             raise BadMetadata("endpoints", f"scheme of {item!r} is not http or https", accepted)
         if not parts.hostname:
             raise BadMetadata("endpoints", f"{item!r} has no host", accepted)
+        if port == 0:  # urlsplit reads ":0" as port 0, and the scrape would then go to the scheme's default
+            raise BadMetadata("endpoints", f"{parts.hostname}: port 0 is not a port", accepted)
         check_address(parts.hostname, "endpoints")
         if parts.username or parts.password:
             raise BadMetadata("endpoints", f"{parts.hostname}: credentials in URLs are refused", accepted)
         # A base URL gets metricsPath appended; a URL that already names a path is used as it is.
         path = parts.path if parts.path not in ("", "/") else metrics_path
-        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        # the canonical spelling is what is scraped: `2130706433`, `0177.0.0.1`, `127.1`, a trailing dot or
+        # full-width dots are checked as the address they mean, so they must also connect to it
+        canonical = normalize_host(parts.hostname)
+        host = f"[{canonical}]" if ":" in canonical else canonical
         netloc = f"{host}:{port}" if port else host
         urls.add(f"{parts.scheme}://{netloc}{path}" + (f"?{parts.query}" if parts.query else ""))
     if not urls:

@@ -10,6 +10,8 @@ from typing import Any
 import grpc
 import pytest
 
+from keda_llm_scaler._proto import externalscaler_pb2 as pb
+from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_llm_scaler.addresses import AddressPolicy, normalize_host, parse_networks, redact, refusal, set_policy
 from keda_llm_scaler.errors import BadMetadata
 from keda_llm_scaler.metadata import parse_trigger
@@ -33,6 +35,14 @@ METADATA_SPELLINGS = [
     "metadata.google.internal",
     "METADATA.GOOGLE.INTERNAL.",
     "0",  # 0.0.0.0 connects to this host
+    # IPv6 forms that embed the IPv4 metadata address (issue #23)
+    "[::169.254.169.254]",  # IPv4-compatible
+    "[::a9fe:a9fe]",
+    "[2002:a9fe:a9fe::1]",  # 6to4
+    "[2001:0:4136:e378:8000:63bf:5601:5601]",  # Teredo, client 169.254.169.254 (bits inverted)
+    "[64:ff9b::169.254.169.254]",  # NAT64 well-known prefix
+    "[64:ff9b:1:a9fe:a9:fe00::]",  # NAT64 local-use /48 (RFC 6052)
+    "[fe80::1%25eth0]",  # a zone id
 ]
 
 
@@ -159,3 +169,30 @@ async def test_serve_with_refused_loopback_answers_invalid_argument_naming_the_k
             assert "endpoints" in (err.value.details() or "")
         assert r.requests == 0
     assert refusal("127.0.0.1") is None  # the policy is the server's: it ends with it
+
+
+async def test_embedded_and_port_zero_forms_are_invalid_argument_through_grpc() -> None:
+    # through the running server, as KEDA calls it: the refusal names the key
+    forms = [f"http://{h}:8000" for h in METADATA_SPELLINGS if h.startswith("[") and "::" in h]
+    forms += ["http://10.0.0.7:0", "http://[fd00::7]:0"]
+    async with running_scaler() as server, channel_to(server) as ch:
+        stub = pb_grpc.ExternalScalerStub(ch)
+        for url in forms:
+            ref = pb.ScaledObjectRef(name="llm", namespace="serving", scalerMetadata={"endpoints": url})
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.GetMetricSpec(ref)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, url
+            assert "'endpoints'" in (err.value.details() or ""), url
+        assert server.registry.targets() == []
+
+
+@pytest.mark.parametrize("spelling", ["2130706433", "0177.0.0.1", "127.1", "127.0.0.1.", "0x7f.1"])
+async def test_a_legacy_loopback_spelling_scrapes_the_address_it_means(spelling: str) -> None:
+    # before: accepted in metadata (checked as 127.0.0.1) but scraped as spelled, so every scrape failed
+    with replicas(vllm_v1([EngineLoad(waiting=0, running=2, kv=0.2)])) as (r,):
+        cfg = parse_trigger("serving", "llm", {"endpoints": f"http://{spelling}:{r.port}"})
+        assert cfg.discovery.endpoints == (f"http://127.0.0.1:{r.port}/metrics",)
+        async with running_scaler() as server, channel_to(server) as ch:
+            keda = KedaEmulator(ch, "llm", "serving", {"endpoints": f"http://{spelling}:{r.port}"})
+            assert (await keda.poll()).value >= 0
+            assert r.requests >= 1
