@@ -48,7 +48,8 @@ def test_refused_oversized_requests_do_not_stay_in_memory() -> None:
     ):
         stub = pb_grpc.ExternalScalerStub(ch)
         normal = pb.ScaledObjectRef(name="ok", namespace="serving", scalerMetadata={"endpoints": "http://127.0.0.1:9"})
-        stub.GetMetricSpec(normal, timeout=10)
+        for _ in range(20):  # warmed up: the normal target's first scrapes and the server's first calls
+            stub.GetMetricSpec(normal, timeout=10)
         idle = _tree_rss_mb(proc.proc.pid)
         codes: dict[str, int] = {}
         for i in range(CALLS):
@@ -63,9 +64,10 @@ def test_refused_oversized_requests_do_not_stay_in_memory() -> None:
             assert stub.GetMetricSpec(normal, timeout=10).metricSpecs  # normal calls answered throughout
         grown = _tree_rss_mb(proc.proc.pid) - idle
     assert codes == {"INVALID_ARGUMENT": CALLS // 2, "NOT_FOUND": CALLS // 2}
-    # before: each refused request stayed in a reference cycle, ~5 MB a call (200 MB here); a quarter of
-    # what was sent is room for allocator noise, not for keeping requests
+    # before: each refused request stayed in a reference cycle, ~5 MB a call (230 MB here, more than was
+    # sent); half of what was sent is room for allocator noise (40 MB seen under a parallel suite), not
+    # for keeping requests
     sent_mb = CALLS * MAP_BYTES / 1e6
-    assert grown < sent_mb / 4, (
+    assert grown < sent_mb / 2, (
         f"grew {grown:.0f} MB over {idle:.0f} MB idle after {sent_mb:.0f} MB of refused requests"
     )
