@@ -8,7 +8,6 @@ the process tree's RSS every 30 calls, and normal calls' p99 before and after.
 
 from __future__ import annotations
 
-import os
 import random
 import socket
 import string
@@ -18,6 +17,7 @@ import time
 
 import grpc
 
+from benchmarks.soak import _proc_stats  # the process tree's RSS, as the soak reads it
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 
@@ -26,21 +26,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def tree_rss_mb(pid: int) -> float:
-    total_kb, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            with open(f"/proc/{p}/status") as f:
-                total_kb += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-        except (OSError, StopIteration):
-            continue
-    return total_kb / 1024
 
 
 def main() -> int:
@@ -66,7 +51,7 @@ def main() -> int:
                     took.append(time.perf_counter() - start)
                 return sorted(took)[48] * 1000
 
-            idle_p99, idle = p99_ms(), tree_rss_mb(proc.pid)
+            idle_p99, idle = p99_ms(), _proc_stats(proc.pid)[0]
             print(f"idle: {idle:.0f} MB, normal p99 {idle_p99:.1f} ms", flush=True)
             worst, codes = idle, {}
             for i in range(calls):
@@ -80,7 +65,7 @@ def main() -> int:
                 except grpc.RpcError as exc:
                     codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
                 if i % 30 == 29:
-                    worst = max(worst, tree_rss_mb(proc.pid))
+                    worst = max(worst, _proc_stats(proc.pid)[0])
                     print(f"{i + 1} calls: {worst:.0f} MB", flush=True)
             print(f"grew {worst - idle:.0f} MB over idle; normal p99 {p99_ms():.1f} ms (idle {idle_p99:.1f}); {codes}")
     finally:

@@ -201,9 +201,11 @@ async def test_never_resolved_is_unavailable(kube: tuple[FakeKube, FakeKubeServe
             assert "403" in (err.value.details() or "")
             target = server.registry.targets()[0]
             first = target.snapshot.cycle if target.snapshot else 0
-            await eventually(
-                lambda: _async(target.snapshot is not None and target.snapshot.cycle >= first + 4), timeout=15.0
-            )
+
+            async def four_more_cycles() -> bool:
+                return target.snapshot is not None and target.snapshot.cycle >= first + 4
+
+            await eventually(four_more_cycles, timeout=15.0)
             # a fleet never discovered has no size to show: no replica or member samples, never 0
             labels = {"namespace": "serving", "scaledobject": "llm", "target": target.id}
             get = server.metrics.registry.get_sample_value
@@ -212,10 +214,6 @@ async def test_never_resolved_is_unavailable(kube: tuple[FakeKube, FakeKubeServe
             assert get("llm_scaler_replicas", {**labels, "state": "fresh"}) is None
     # the same 403 on every cycle is one warning, not one per cycle
     assert len([e for e in logs if e["event"] == "discovery_failed"]) == 1
-
-
-async def _async(value: bool) -> bool:
-    return value
 
 
 async def test_missing_service_is_unavailable_not_zero(kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
