@@ -25,6 +25,7 @@ from keda_llm_scaler.deletion_cost import VictimRanker, parse_scope
 from keda_llm_scaler.kube import KubeClient, KubeConfig, KubeError
 from keda_llm_scaler.loops import ScrapeLoop
 from keda_llm_scaler.registry import TargetRegistry
+from keda_llm_scaler.request_limit import MAX_REQUEST_BYTES, RequestLimitInterceptor
 from keda_llm_scaler.scrape import Scraper
 from keda_llm_scaler.service import ExternalScalerService
 from keda_llm_scaler.telemetry import ScalerMetrics
@@ -48,6 +49,8 @@ _GRPC_OPTIONS: Final = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     # a second scaler on a port in use must fail, not silently share it (gRPC's default is SO_REUSEPORT)
     ("grpc.so_reuseport", 0),
+    # what a ScaledObject can hold, with room: larger requests are refused by gRPC before Python sees them
+    ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
 ]
 
 
@@ -167,7 +170,9 @@ class ScalerServer:
             scrape_loop=self.scrape_loop,
         )
         self.health = health.aio.HealthServicer()
-        self.grpc = grpc.aio.server(options=_GRPC_OPTIONS)
+        self.grpc = grpc.aio.server(
+            options=_GRPC_OPTIONS, interceptors=[RequestLimitInterceptor(self.metrics.refused_before_handler)]
+        )
         self.service = ExternalScalerService(
             self.registry, self.metrics, shutdown=self.shutdown_event, warmup_wait_s=settings.warmup_wait
         )

@@ -260,6 +260,13 @@ class ScalerMetrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 3.0),
         )
+        self.rpc_refused_before_handler = Counter(
+            "llm_scaler_rpc_refused_before_handler",
+            "ExternalScaler calls gRPC ended before the request reached the scaler: larger than the receive "
+            "limit (1 MiB)",
+            ["method"],
+            registry=self.registry,
+        )
         build = GaugeMetricFamily("llm_scaler_build_info", "Build information", labels=["version"])
         build.add_metric([VERSION], 1.0)
 
@@ -271,6 +278,9 @@ class ScalerMetrics:
         if workers is not None:
             self.registry.register(_WorkerCollector(workers))
         self.registry.register(_TargetCollector(targets, clock))
+
+    def refused_before_handler(self, method: str) -> None:
+        self.rpc_refused_before_handler.labels(method).inc()
 
     def forget(self, namespace: str, scaledobject: str) -> None:
         """Remove the per-scrape series of a ScaledObject no longer served (bounded /metrics under churn)."""

@@ -9,13 +9,16 @@ import random
 import string
 
 import grpc
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from tests.serveproc import serve
 
-CALLS = 40
-MAP_BYTES = 3_500_000
+CALLS = 80
+MAP_BYTES = 900_000  # past the 256 KiB the scaler accepts, inside gRPC's 1 MiB receive limit
+HUGE_MAP_BYTES = 3_500_000  # past the receive limit: refused by gRPC before the handler
 
 
 def _tree_rss_mb(pid: int) -> float:
@@ -33,11 +36,34 @@ def _tree_rss_mb(pid: int) -> float:
     return total_kb / 1024
 
 
-def _big_map(rng: random.Random) -> dict[str, str]:
-    chunk = MAP_BYTES // 100
+def _big_map(rng: random.Random, size: int) -> dict[str, str]:
+    chunk = size // 100
     meta = {f"k{i}": "".join(rng.choices(string.ascii_letters, k=chunk)) for i in range(100)}
     meta["endpoints"] = "http://127.0.0.1:9"
     return meta
+
+
+def _refused_before_handler(metrics_port: int) -> dict[str, float]:
+    body = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(body):
+        if family.name == "llm_scaler_rpc_refused_before_handler":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    counts[sample.labels["method"]] = sample.value
+    return counts
+
+
+def _send(stub: pb_grpc.ExternalScalerStub, i: int, ref: pb.ScaledObjectRef, codes: dict[str, int]) -> None:
+    try:
+        if i % 3 == 2:
+            next(iter(stub.StreamIsActive(ref, timeout=10)))
+        elif i % 3 == 1:
+            stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref, metricName="nope"), timeout=10)
+        else:
+            stub.GetMetricSpec(ref, timeout=10)
+    except grpc.RpcError as exc:
+        codes[exc.code().name] = codes.get(exc.code().name, 0) + 1  # type: ignore[attr-defined]
 
 
 def test_refused_oversized_requests_do_not_stay_in_memory() -> None:
@@ -53,21 +79,40 @@ def test_refused_oversized_requests_do_not_stay_in_memory() -> None:
         idle = _tree_rss_mb(proc.proc.pid)
         codes: dict[str, int] = {}
         for i in range(CALLS):
-            ref = pb.ScaledObjectRef(name=f"so{i}", namespace="serving", scalerMetadata=_big_map(rng))
-            try:
-                if i % 2:
-                    stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref, metricName="nope"), timeout=10)
-                else:
-                    stub.GetMetricSpec(ref, timeout=10)
-            except grpc.RpcError as exc:
-                codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
+            # the handler's path: INVALID_ARGUMENT (size), NOT_FOUND (metric name), INVALID_ARGUMENT (stream)
+            ref = pb.ScaledObjectRef(name=f"so{i}", namespace="serving", scalerMetadata=_big_map(rng, MAP_BYTES))
+            _send(stub, i, ref, codes)
             assert stub.GetMetricSpec(normal, timeout=10).metricSpecs  # normal calls answered throughout
         grown = _tree_rss_mb(proc.proc.pid) - idle
-    assert codes == {"INVALID_ARGUMENT": CALLS // 2, "NOT_FOUND": CALLS // 2}
-    # before: each refused request stayed in a reference cycle, ~5 MB a call (230 MB here, more than was
-    # sent); half of what was sent is room for allocator noise (40 MB seen under a parallel suite), not
-    # for keeping requests
+        assert _refused_before_handler(proc.metrics_port) == {}
+    thirds = [len(range(k, CALLS, 3)) for k in range(3)]
+    assert codes == {"INVALID_ARGUMENT": thirds[0] + thirds[2], "NOT_FOUND": thirds[1]}
+    # before: each refused request stayed in a reference cycle, ~5 MB a call (230 MB for 40 3.5 MB calls,
+    # more than was sent); half of what was sent is room for allocator noise, not for keeping requests
     sent_mb = CALLS * MAP_BYTES / 1e6
-    assert grown < sent_mb / 2, (
-        f"grew {grown:.0f} MB over {idle:.0f} MB idle after {sent_mb:.0f} MB of refused requests"
-    )
+    assert grown < sent_mb / 2, f"grew {grown:.0f} MB over {idle:.0f} MB idle after {sent_mb:.0f} MB refused"
+
+
+def test_requests_past_the_receive_limit_are_refused_by_grpc_and_counted() -> None:
+    rng = random.Random(1)
+    with (
+        serve() as proc,
+        grpc.insecure_channel(proc.address, options=[("grpc.max_send_message_length", 8 << 20)]) as ch,
+    ):
+        stub = pb_grpc.ExternalScalerStub(ch)
+        normal = pb.ScaledObjectRef(name="ok", namespace="serving", scalerMetadata={"endpoints": "http://127.0.0.1:9"})
+        stub.GetMetricSpec(normal, timeout=10)
+        idle = _tree_rss_mb(proc.proc.pid)
+        codes: dict[str, int] = {}
+        calls = 12
+        for i in range(calls):
+            ref = pb.ScaledObjectRef(name=f"so{i}", namespace="serving", scalerMetadata=_big_map(rng, HUGE_MAP_BYTES))
+            _send(stub, i, ref, codes)
+            assert stub.GetMetricSpec(normal, timeout=10).metricSpecs
+        grown = _tree_rss_mb(proc.proc.pid) - idle
+        refused = _refused_before_handler(proc.metrics_port)
+        log = proc.log()
+    assert codes == {"RESOURCE_EXHAUSTED": calls}
+    assert refused == {"GetMetricSpec": 4.0, "GetMetrics": 4.0, "StreamIsActive": 4.0}
+    assert grown < calls * HUGE_MAP_BYTES / 1e6 / 4, f"grew {grown:.0f} MB"
+    assert "Traceback" not in log
