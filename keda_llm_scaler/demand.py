@@ -22,7 +22,8 @@ From the fleet's arrivals per bin of ``bin_s`` seconds (10 s at the default 5 s 
     spread   = the bins' spread over the calm window, as a robust standard deviation (1.4826 x the
                median absolute deviation): the everyday burstiness the SLO time scale sees — Poisson
                noise on a smooth day, second-scale clumps on chat traffic — which a rare burst of a
-               few bins does not inflate
+               few bins does not inflate; while the window's least-squares trend falls, the deviations
+               are taken around that trend (a falling load is not spread; a rising one is kept in it)
     growth   = the trend over the last 360 s (least squares), projected over one replica start-up,
                never negative and at most growth_cap (0.2) x offered, so noise cannot inflate it
     need     = offered + growth + headroom_sigmas (2) x spread                    (requests/s)
@@ -151,6 +152,20 @@ class DemandEstimate:
         fleet holding a steady load is not grown, while a load rising past it asks for replicas before any
         saturates."""
         return _ratio(self.need_rps, None if self.served_rps is None else self.served_rps * target_utilization)
+
+
+def _falling_residuals(points: list[tuple[float, float]]) -> list[float] | None:
+    """The rates less their least-squares line over time when it falls (None when it does not, or with
+    fewer than 3 points): the spread of a falling load around its trend, not around its median."""
+    if len(points) < 3:
+        return None
+    mt = math.fsum(t for t, _ in points) / len(points)
+    mr = math.fsum(r for _, r in points) / len(points)
+    var = math.fsum((t - mt) ** 2 for t, _ in points)
+    slope = math.fsum((t - mt) * (r - mr) for t, r in points) / var if var > 0 else 0.0
+    if not slope < 0:
+        return None
+    return [r - slope * (t - mt) for t, r in points]
 
 
 def _ratio(need: float, per_replica: float | None) -> float | None:
@@ -602,9 +617,14 @@ class DemandTracker:
             spread = 0.0
         elif c.robust_spread:
             # median absolute deviation, scaled to a standard deviation on normal noise: a burst of a
-            # few bins does not read as the fleet's everyday spread
-            mid = statistics.median(calm)
-            spread = 1.4826 * statistics.median(abs(r - mid) for r in calm)
+            # few bins does not read as the fleet's everyday spread. Around the calm window's falling
+            # trend, not its median: a load falling through the window is not burstiness, and read as
+            # spread it peaks the composite just as the load ebbs (the HPA then holds that peak for its
+            # scale-down window). A rising trend stays in the spread: growth is capped, and a rise is
+            # where headroom pays.
+            residuals = _falling_residuals([(t, r) for t, r in rates if t > now - c.calm_window_s]) or calm
+            mid = statistics.median(residuals)
+            spread = 1.4826 * statistics.median(abs(r - mid) for r in residuals)
         else:
             spread = statistics.pstdev(calm)
         horizon, horizon_source = self.startup(startup_s)

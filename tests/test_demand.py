@@ -443,3 +443,14 @@ def test_without_a_known_knee_a_fleet_is_held_not_grown() -> None:
     assert 1.5 < steady.value <= 4.0
     configured = composite(fine, p, demand=est(40.0, 9.0, "configured"))
     assert configured.value == pytest.approx(40.0 / (9.0 * 0.9), abs=0.001)
+
+
+def test_spread_of_a_falling_load_is_taken_around_its_trend() -> None:
+    from keda_llm_scaler.demand import _falling_residuals
+
+    # 10, 8, 6 req/s over 20 s: slope -0.2/s, mean time 10 s -> residuals r - slope (t - 10) = 8, 8, 8
+    assert _falling_residuals([(0.0, 10.0), (10.0, 8.0), (20.0, 6.0)]) == pytest.approx([8.0, 8.0, 8.0])
+    # a rising or flat load keeps its deviations around the median (None: the caller's default)
+    assert _falling_residuals([(0.0, 6.0), (10.0, 8.0), (20.0, 10.0)]) is None
+    assert _falling_residuals([(0.0, 5.0), (10.0, 5.0), (20.0, 5.0)]) is None
+    assert _falling_residuals([(0.0, 10.0), (10.0, 8.0)]) is None  # too few to fit a line
