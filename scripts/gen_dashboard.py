@@ -129,6 +129,10 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         "ops",
         [
             ("sum by (method, code) (rate(llm_scaler_rpc_duration_seconds_count[5m]))", "{{method}} {{code}}"),
+            (
+                "sum by (method) (rate(llm_scaler_rpc_refused_before_handler_total[5m]))",
+                "{{method}} refused by gRPC (over 1 MiB)",
+            ),
         ],
     ),
 ]

@@ -4,6 +4,7 @@ alerts checked against what the scaler really exports."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -14,9 +15,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
 
+from keda_llm_scaler._proto import externalscaler_pb2 as pb
+from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_llm_scaler.sim.keda import KedaEmulator
 from tests.payloads import EngineLoad, vllm_v1
 from tests.replicas import replicas
@@ -44,6 +48,10 @@ def exposition() -> str:
             async with running_scaler() as server, channel_to(server) as ch:
                 meta = {"endpoints": f"{r.url},http://127.0.0.1:9", "scrapeInterval": "0.5", "scrapeTimeout": "0.4"}
                 await KedaEmulator(ch, "llm", "serving", meta).poll()
+                # one request past gRPC's receive limit: refused before the handler, and counted
+                huge = pb.ScaledObjectRef(name="huge", namespace="serving", scalerMetadata={"x": "y" * (1 << 21)})
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await pb_grpc.ExternalScalerStub(ch).GetMetricSpec(huge)
                 # new TTFT observations and completions between scrapes: windowed p95s, rates and the
                 # demand estimate (a few 2 s bins of arrivals) exist; 30 s is a generous budget on a busy machine
                 deadline = time.monotonic() + 30.0
