@@ -39,7 +39,7 @@ class ScalerError(Exception):
 class BadMetadata(ScalerError):
     def __init__(self, key: str, problem: str, accepted: str) -> None:
         self.key = key
-        super().__init__(f"metadata key {key!r}: {problem}; accepted: {accepted}")
+        super().__init__(f"metadata key {quote_value(key)}: {problem}; accepted: {accepted}")
 
 
 def quote_prefix(value: str, limit: int = 40) -> str:
@@ -47,6 +47,17 @@ def quote_prefix(value: str, limit: int = 40) -> str:
     full length said when it was cut (a 1 MB name must not become a 1 MB reply or log line)."""
     shown = repr(value[:limit])
     return shown if len(value) <= limit else f"{shown}... ({len(value)} characters)"
+
+
+def quote_value(value: object) -> str:
+    """A metadata value as a refusal quotes it: enough of a URL or a number to find it, never the whole of
+    a value of up to 256 KiB (the reply would exceed gRPC's metadata limit and reach KEDA as
+    RESOURCE_EXHAUSTED instead of the reason)."""
+    text = str(value)
+    limit = 80
+    while limit > 8 and len(repr(text[:limit]).encode()) > 100:  # wide characters: bytes, not characters
+        limit -= 8
+    return quote_prefix(text, limit)
 
 
 class BadObjectName(BadMetadata):

@@ -8,6 +8,7 @@ ignored; likely mistakes get a hint in the log.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import re
 from collections.abc import Mapping
@@ -18,7 +19,7 @@ from urllib.parse import urlsplit
 from keda_llm_scaler.addresses import normalize_host, refusal
 from keda_llm_scaler.demand import bin_seconds
 from keda_llm_scaler.engines import ENGINE_CHOICES
-from keda_llm_scaler.errors import BadMetadata, BadObjectName
+from keda_llm_scaler.errors import BadMetadata, BadObjectName, quote_value
 from keda_llm_scaler.policy import ScoringParams
 
 __all__ = [
@@ -173,7 +174,7 @@ def check_address(host: str, key: str) -> None:
     are checked again on what they resolve to, when the scrape connects."""
     why = refusal(host)
     if why is not None:
-        raise BadMetadata(key, f"{host}: {why} is refused", "routable replica addresses")
+        raise BadMetadata(key, f"{quote_value(host)}: {why} is refused", "routable replica addresses")
 
 
 def _number(meta: Mapping[str, str], key: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
@@ -187,9 +188,9 @@ def _number(meta: Mapping[str, str], key: str, lo: float, hi: float, *, lo_open:
     try:
         value = float(raw.strip())
     except ValueError:
-        raise BadMetadata(key, f"{raw!r} is not a number", bounds) from None
+        raise BadMetadata(key, f"{quote_value(raw)} is not a number", bounds) from None
     if not math.isfinite(value) or value > hi or value < lo or (lo_open and value == lo):
-        raise BadMetadata(key, f"{raw!r} is out of range", bounds)
+        raise BadMetadata(key, f"{quote_value(raw)} is out of range", bounds)
     return value
 
 
@@ -217,7 +218,7 @@ def _demand_window(meta: Mapping[str, str], interval: float) -> float:
 def _choice(meta: Mapping[str, str], key: str, choices: tuple[str, ...]) -> str:
     raw = meta.get(key, "").strip().lower() or str(DEFAULTS[key])
     if raw not in choices:
-        raise BadMetadata(key, f"{meta.get(key)!r} is not supported", " | ".join(choices))
+        raise BadMetadata(key, f"{quote_value(meta.get(key))} is not supported", " | ".join(choices))
     return raw
 
 
@@ -227,8 +228,19 @@ def _port(meta: Mapping[str, str], engine: str) -> int:
         return 30000 if engine == "sglang" else 8000  # each engine's default serving port
     # ASCII digits only: str.isdigit() takes "¹" (then int() fails: INTERNAL) and "٨٠٠٠" (read as 8000)
     if not re.fullmatch(r"[0-9]{1,5}", raw) or not 1 <= int(raw) <= 65535:
-        raise BadMetadata("port", f"{raw!r} is not a port number", "an integer 1-65535")
+        raise BadMetadata("port", f"{quote_value(raw)} is not a port number", "an integer 1-65535")
     return int(raw)
+
+
+MAX_URL_CHARS: Final = 512  # a 253-character host name, a port and a path fit; a log line quoting it stays short
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def endpoint_urls(raw: str, metrics_path: str) -> tuple[str, ...]:
@@ -237,25 +249,29 @@ def endpoint_urls(raw: str, metrics_path: str) -> tuple[str, ...]:
     for item in (part.strip() for part in raw.split(",")):
         if not item:
             continue
+        if len(item) > MAX_URL_CHARS:
+            raise BadMetadata("endpoints", f"{quote_value(item)} is longer than {MAX_URL_CHARS} characters", accepted)
         try:
             parts = urlsplit(item)
             port = parts.port
         except ValueError:
-            raise BadMetadata("endpoints", f"{item!r} is not a URL", accepted) from None
+            raise BadMetadata("endpoints", f"{quote_value(item)} is not a URL", accepted) from None
         if parts.scheme not in ("http", "https"):
-            raise BadMetadata("endpoints", f"scheme of {item!r} is not http or https", accepted)
+            raise BadMetadata("endpoints", f"scheme of {quote_value(item)} is not http or https", accepted)
         if not parts.hostname:
-            raise BadMetadata("endpoints", f"{item!r} has no host", accepted)
+            raise BadMetadata("endpoints", f"{quote_value(item)} has no host", accepted)
         if port == 0:  # urlsplit reads ":0" as port 0, and the scrape would then go to the scheme's default
-            raise BadMetadata("endpoints", f"{parts.hostname}: port 0 is not a port", accepted)
+            raise BadMetadata("endpoints", f"{quote_value(parts.hostname)}: port 0 is not a port", accepted)
         check_address(parts.hostname, "endpoints")
         if parts.username or parts.password:
-            raise BadMetadata("endpoints", f"{parts.hostname}: credentials in URLs are refused", accepted)
+            raise BadMetadata("endpoints", f"{quote_value(parts.hostname)}: credentials in URLs are refused", accepted)
         # A base URL gets metricsPath appended; a URL that already names a path is used as it is.
         path = parts.path if parts.path not in ("", "/") else metrics_path
         # the canonical spelling is what is scraped: `2130706433`, `0177.0.0.1`, `127.1`, a trailing dot or
         # full-width dots are checked as the address they mean, so they must also connect to it
         canonical = normalize_host(parts.hostname)
+        if not _is_ip(canonical) and not _HOSTNAME.match(canonical):
+            raise BadMetadata("endpoints", f"{quote_value(parts.hostname)} is not a host name or address", accepted)
         host = f"[{canonical}]" if ":" in canonical else canonical
         netloc = f"{host}:{port}" if port else host
         urls.add(f"{parts.scheme}://{netloc}{path}" + (f"?{parts.query}" if parts.query else ""))
@@ -277,7 +293,7 @@ def _discovery(meta: Mapping[str, str], namespace: str, engine: str, allow_cross
         )
     metrics_path = meta.get("metricsPath", "").strip() or str(DEFAULTS["metricsPath"])
     if not metrics_path.startswith("/") or any(c in metrics_path for c in " ?#"):
-        raise BadMetadata("metricsPath", f"{metrics_path!r} is not an absolute path", "a path like /metrics")
+        raise BadMetadata("metricsPath", f"{quote_value(metrics_path)} is not an absolute path", "a path like /metrics")
     budget = _number(meta, "startupBudgetSeconds", 30.0, 86400.0)
     if not present:  # zero-config: the pods of the ScaledObject's scaleTargetRef
         return Discovery(
@@ -297,18 +313,20 @@ def _discovery(meta: Mapping[str, str], namespace: str, engine: str, allow_cross
     if kind == "dnsName":
         name = meta["dnsName"].strip().lower()
         if not _HOSTNAME.match(name):
-            raise BadMetadata("dnsName", f"{name!r} is not a DNS name", "e.g. vllm-headless.serving.svc.cluster.local")
+            raise BadMetadata(
+                "dnsName", f"{quote_value(name)} is not a DNS name", "e.g. vllm-headless.serving.svc.cluster.local"
+            )
         check_address(name, "dnsName")
         return Discovery("dns", dns_name=name, port=port, scheme=scheme, metrics_path=metrics_path)
     service = meta["service"].strip()
     svc_ns, _, svc_name = service.rpartition("/")
     svc_ns = svc_ns or namespace
     if not _DNS_LABEL.match(svc_name) or (svc_ns and not _DNS_LABEL.match(svc_ns)):
-        raise BadMetadata("service", f"{service!r} is not a Service name", "<name> or <namespace>/<name>")
+        raise BadMetadata("service", f"{quote_value(service)} is not a Service name", "<name> or <namespace>/<name>")
     if svc_ns != namespace and not allow_cross_namespace:
         raise BadMetadata(
             "service",
-            f"Service in namespace {svc_ns!r} but the ScaledObject is in {namespace!r}; "
+            f"Service in namespace {quote_value(svc_ns)} but the ScaledObject is in {namespace!r}; "
             "cross-namespace discovery is disabled on this scaler",
             "a Service in the ScaledObject's own namespace",
         )

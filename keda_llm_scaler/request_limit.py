@@ -1,15 +1,18 @@
-"""The gRPC receive limit, and the count of the calls it refuses.
+"""The gRPC receive limit, and the count of the calls that ended before their request arrived.
 
 KEDA's metadata is a map of short strings held in a ScaledObject, and the scaler refuses more than
-``registry.MAX_METADATA_BYTES`` of it with INVALID_ARGUMENT naming the key. A request far past that is
-no trigger: gRPC's core refuses it before a byte of it reaches Python (RESOURCE_EXHAUSTED "Received
+``registry.MAX_METADATA_BYTES`` characters of it with INVALID_ARGUMENT naming the key. A request far past
+that is no trigger: gRPC's core refuses it before a byte of it reaches Python (RESOURCE_EXHAUSTED "Received
 message larger than max"), so an oversized request costs the process nothing but the socket buffer.
 
 gRPC then never calls the handler, so nothing of the scaler would see the refusal. The interceptor below
 serves the ExternalScaler's unary-request methods as streaming-request ones (the same bytes on the wire:
-a unary request is a stream of one message): the handler starts before the request is read, and a call
-whose one message never arrives, while the client did not cancel it, is the refused one. It is counted
-in ``llm_scaler_rpc_refused_before_handler_total{method}``.
+a unary request is a stream of one message): the handler starts before the request is read, reads the one
+message, and runs the service's handler on it at once. A call whose message never arrives is counted in
+``llm_scaler_rpc_no_request_total{method}``. gRPC's Python API does not say why a stream ended without a
+message, so that count is what it says: refused as too large, cancelled or cut off while sending, or
+half-closed without a request (that client is answered INVALID_ARGUMENT); calls past their deadline are not
+counted.
 """
 
 from __future__ import annotations
@@ -26,31 +29,30 @@ MAX_REQUEST_BYTES: Final = 1024 * 1024
 _SERVICE_PREFIX: Final = "/externalscaler.ExternalScaler/"
 
 
-async def _only_message(requests: AsyncIterator[Any]) -> list[Any]:
+async def _only_message(context: grpc.aio.ServicerContext[Any, Any]) -> list[Any]:
     """The call's one request, in a list the caller empties as it hands it on: a frame of ours must not
     hold the request while the handler runs, since a refusal's traceback keeps every frame it passed
-    (and so MBs of metadata) alive in a cycle (see ``service._unary``)."""
-    first: list[Any] = []
-    # read to the client's half-close (a unary client sends it with the message): suspended after its first
-    # message, the receiving generator would keep that one; anything past the first is dropped
-    async for request in requests:
-        if not first:
-            first.append(request)
-    return first
+    (and so MBs of metadata) alive in a cycle (see ``service._unary``). Read through the context, not the
+    request iterator, whose generator would keep the message it last yielded; anything the client sends
+    after it is never read."""
+    message = await context.read()
+    return [] if message is grpc.aio.EOF else [message]
 
 
 class RequestLimitInterceptor(grpc.aio.ServerInterceptor):
-    """Counts, by method, the ExternalScaler calls gRPC ended before their request reached the handler."""
+    """Counts, by method, the ExternalScaler calls that ended before their request reached the handler."""
 
     def __init__(self, refused: Callable[[str], None]) -> None:
         self._refused = refused
 
     async def _never_arrived(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        if context.cancelled():
-            return  # the client gave up before sending: nothing was refused
-        self._refused(method)
-        # gRPC has already sent the client its status; this only ends the call here without a log line
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"request larger than {MAX_REQUEST_BYTES} bytes")
+        remaining = context.time_remaining()
+        if remaining is None or remaining > 0:
+            self._refused(method)  # a call past its deadline is the client's business, not a refusal
+        # Where gRPC ended the call (too large, cancelled, cut off) the client already has its status and
+        # this only ends the call here without a log line; a client that half-closed without a request
+        # gets this answer.
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no request message received")
 
     async def intercept_service(
         self,
@@ -66,7 +68,7 @@ class RequestLimitInterceptor(grpc.aio.ServerInterceptor):
             unary_stream: Any = handler.unary_stream
 
             async def stream_behavior(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-                request = await _only_message(requests)
+                request = await _only_message(context)
                 if not request:
                     await self._never_arrived(method, context)
                     return
@@ -81,7 +83,7 @@ class RequestLimitInterceptor(grpc.aio.ServerInterceptor):
         unary_unary: Any = handler.unary_unary
 
         async def unary_behavior(requests: AsyncIterator[Any], context: Any) -> Any:
-            request = await _only_message(requests)
+            request = await _only_message(context)
             if not request:
                 await self._never_arrived(method, context)
                 return None

@@ -171,7 +171,7 @@ class ScalerServer:
         )
         self.health = health.aio.HealthServicer()
         self.grpc = grpc.aio.server(
-            options=_GRPC_OPTIONS, interceptors=[RequestLimitInterceptor(self.metrics.refused_before_handler)]
+            options=_GRPC_OPTIONS, interceptors=[RequestLimitInterceptor(self.metrics.no_request)]
         )
         self.service = ExternalScalerService(
             self.registry, self.metrics, shutdown=self.shutdown_event, warmup_wait_s=settings.warmup_wait

@@ -260,10 +260,10 @@ class ScalerMetrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 3.0),
         )
-        self.rpc_refused_before_handler = Counter(
-            "llm_scaler_rpc_refused_before_handler",
-            "ExternalScaler calls gRPC ended before the request reached the scaler: larger than the receive "
-            "limit (1 MiB)",
+        self.rpc_no_request = Counter(
+            "llm_scaler_rpc_no_request",
+            "ExternalScaler calls that ended before their request reached the scaler: refused by gRPC as larger "
+            "than the 1 MiB receive limit, cancelled or cut off while sending, or sent without a request",
             ["method"],
             registry=self.registry,
         )
@@ -279,8 +279,8 @@ class ScalerMetrics:
             self.registry.register(_WorkerCollector(workers))
         self.registry.register(_TargetCollector(targets, clock))
 
-    def refused_before_handler(self, method: str) -> None:
-        self.rpc_refused_before_handler.labels(method).inc()
+    def no_request(self, method: str) -> None:
+        self.rpc_no_request.labels(method).inc()
 
     def forget(self, namespace: str, scaledobject: str) -> None:
         """Remove the per-scrape series of a ScaledObject no longer served (bounded /metrics under churn)."""

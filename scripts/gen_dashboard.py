@@ -130,8 +130,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         [
             ("sum by (method, code) (rate(llm_scaler_rpc_duration_seconds_count[5m]))", "{{method}} {{code}}"),
             (
-                "sum by (method) (rate(llm_scaler_rpc_refused_before_handler_total[5m]))",
-                "{{method}} refused by gRPC (over 1 MiB)",
+                "sum by (method) (rate(llm_scaler_rpc_no_request_total[5m]))",
+                "{{method}} no request (over 1 MiB, cut off, or empty)",
             ),
         ],
     ),

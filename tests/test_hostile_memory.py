@@ -4,11 +4,13 @@ version of `docs/reliability.md`'s soak (360 calls), against `serve` as a real p
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 
 import grpc
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
@@ -42,11 +44,11 @@ def _big_map(rng: random.Random, size: int) -> dict[str, str]:
     return meta
 
 
-def _refused_before_handler(metrics_port: int) -> dict[str, float]:
+def _no_request(metrics_port: int) -> dict[str, float]:
     body = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
     counts: dict[str, float] = {}
     for family in text_string_to_metric_families(body):
-        if family.name == "llm_scaler_rpc_refused_before_handler":
+        if family.name == "llm_scaler_rpc_no_request":
             for sample in family.samples:
                 if sample.name.endswith("_total"):
                     counts[sample.labels["method"]] = sample.value
@@ -83,7 +85,7 @@ def test_refused_oversized_requests_do_not_stay_in_memory() -> None:
             _send(stub, i, ref, codes)
             assert stub.GetMetricSpec(normal, timeout=10).metricSpecs  # normal calls answered throughout
         grown = _tree_rss_mb(proc.proc.pid) - idle
-        assert _refused_before_handler(proc.metrics_port) == {}
+        assert _no_request(proc.metrics_port) == {}
     thirds = [len(range(k, CALLS, 3)) for k in range(3)]
     assert codes == {"INVALID_ARGUMENT": thirds[0] + thirds[2], "NOT_FOUND": thirds[1]}
     # before: each refused request stayed in a reference cycle, ~5 MB a call (230 MB for 40 3.5 MB calls,
@@ -117,9 +119,32 @@ def test_requests_past_the_receive_limit_are_refused_by_grpc_and_counted() -> No
             _send(stub, i, ref, codes)
             assert stub.GetMetricSpec(normal, timeout=10).metricSpecs
         grown = _tree_rss_mb(proc.proc.pid) - idle
-        refused = _refused_before_handler(proc.metrics_port)
+        refused = _no_request(proc.metrics_port)
         log = proc.log()
     assert codes == {"RESOURCE_EXHAUSTED": calls} and warm == {"RESOURCE_EXHAUSTED": 3}
     assert refused == {"GetMetricSpec": 9.0, "GetMetrics": 9.0, "StreamIsActive": 9.0}
     assert grown < calls * HUGE_MAP_BYTES / 1e6 / 4, f"grew {grown:.0f} MB"
     assert "Traceback" not in log
+
+
+async def test_a_call_is_answered_on_its_first_message_and_an_empty_one_is_invalid() -> None:
+    from tests.scalerproc import channel_to, running_scaler
+
+    ref = pb.ScaledObjectRef(name="ok", namespace="serving", scalerMetadata={"endpoints": "http://127.0.0.1:9"})
+    async with running_scaler() as server, channel_to(server) as ch:
+        spec = ch.stream_unary(
+            "/externalscaler.ExternalScaler/GetMetricSpec",
+            request_serializer=pb.ScaledObjectRef.SerializeToString,
+            response_deserializer=pb.GetMetricSpecResponse.FromString,
+        )
+        # one message and no half-close: answered from it at once, as a unary handler would
+        call = spec(timeout=10)
+        await call.write(ref)
+        assert (await asyncio.wait_for(call, 5)).metricSpecs
+        # a half-close without any request: a clear refusal, counted
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await spec(iter(()), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "no request" in (err.value.details() or "")
+        body = await asyncio.to_thread(lambda: httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics").text)
+    assert 'llm_scaler_rpc_no_request_total{method="GetMetricSpec"} 1.0' in body

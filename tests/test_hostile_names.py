@@ -71,3 +71,32 @@ async def test_a_name_kubernetes_would_refuse_is_invalid_argument_and_leaves_not
 )
 def test_names_kubernetes_accepts_pass(namespace: str, name: str) -> None:
     check_object_ref(namespace, name)
+
+
+VALUE_KEYS = [
+    "endpoints", "dnsName", "service", "metricsPath", "engine", "workloadClass", "targetQueueDepth", "targetKvUsage",
+    "targetUtilization", "targetValue", "activationThreshold", "scrapeInterval", "scrapeTimeout", "staleAfter",
+    "ttftSloSeconds", "ttftSloQuantile", "replicaCapacity", "startupSeconds", "startupBudgetSeconds", "demandWindow",
+]  # fmt: skip
+
+
+async def test_a_refused_metadata_value_is_quoted_by_a_short_prefix() -> None:
+    # before: the whole value was quoted (a 200 KB value made a 200 KB reply, past gRPC's metadata limit,
+    # which KEDA would have seen as RESOURCE_EXHAUSTED instead of the reason)
+    async with running_scaler() as server, channel_to(server) as ch:
+        stub = pb_grpc.ExternalScalerStub(ch)
+        for key in VALUE_KEYS:
+            for value in ("x" * 200_000, "é" * 100_000, "\U0001f600" * 50_000, "http://" + "a" * 200_000 + ":80"):
+                meta = {"endpoints": "http://127.0.0.1:9"} if key not in ("endpoints", "dnsName", "service") else {}
+                meta[key] = value
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.GetMetricSpec(pb.ScaledObjectRef(name="llm", namespace="serving", scalerMetadata=meta))
+                details = err.value.details() or ""
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (key, details[:200])
+                assert f"'{key}'" in details and len(details.encode()) < 300, (key, len(details.encode()))
+        # a key name of 300,000 characters is quoted the same way
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.GetMetricSpec(
+                pb.ScaledObjectRef(name="llm", namespace="serving", scalerMetadata={"k" * 300_000: "v"})
+            )
+        assert len((err.value.details() or "").encode()) < 300

@@ -209,3 +209,18 @@ def test_ports_are_ascii_numbers_in_range(port: str) -> None:
     with pytest.raises(BadMetadata) as err:
         parse(base={"service": "vllm", "port": port})
     assert err.value.key == "port"
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "http://" + "a" * 300 + ":8000",  # not a host name (past 253 characters)
+        "http://bad..host:8000",
+        "http://10.0.0.7:8000/" + "p" * 600,  # past 512 characters
+    ],
+    ids=["long-host", "empty-label", "long-url"],
+)
+def test_an_endpoint_that_is_no_host_or_too_long_is_refused_naming_the_key(endpoint: str) -> None:
+    with pytest.raises(BadMetadata) as err:
+        parse_trigger("serving", "llm", {"endpoints": endpoint})
+    assert err.value.key == "endpoints" and len(str(err.value).encode()) < 300
