@@ -6,8 +6,8 @@ burst: ``--calls`` GetMetrics calls of the same new ScaledObject, ``--gap`` seco
     python -m benchmarks.first_calls                 # 6 calls in the first second, one after the other
     python -m benchmarks.first_calls --concurrent    # each started on time, whether or not the last ended
 
-Only the first call may wait (``--warmup-wait``, 0.5 s by default); the calls after it share that wait or
-answer at once, UNAVAILABLE "first scrape still in progress" while the scrape runs.
+Only the first call may wait (``--warmup-wait``, 0.5 s by default); every other call, during that wait or
+after it, answers at once: UNAVAILABLE "first scrape still in progress" while the scrape runs.
 """
 
 from __future__ import annotations

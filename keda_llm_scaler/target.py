@@ -166,19 +166,15 @@ class Target:
         return True
 
     async def wait_first(self, timeout: float) -> None:
-        """Wait for the first snapshot, at most ``timeout`` and never past the end of the first such wait
-        of this target: the calls of a new target share one wait, and once it is over (answered or not)
-        every call answers at once. KEDA calls several times a second at start; each waiting its own
-        budget would make every one of them slow."""
-        if self.snapshot is not None or timeout <= 0:
+        """Wait for the first snapshot, at most ``timeout``, in the first call of this target only: every
+        other call, during that wait or after it, answers at once (UNAVAILABLE "first scrape still in
+        progress" until the first scrape is in). KEDA calls several times a second at start, the operator
+        and the HPA side by side; each waiting, even a shared wait, would make every one of them slow."""
+        if self.snapshot is not None or timeout <= 0 or self._first_wait_ends is not None:
             return
-        now = self._clock()
-        if self._first_wait_ends is None:
-            self._first_wait_ends = now + timeout
-        remaining = min(timeout, self._first_wait_ends - now)
-        if remaining > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._updated.wait(), remaining)
+        self._first_wait_ends = self._clock() + timeout
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._updated.wait(), timeout)
 
     def update_event(self) -> asyncio.Event:
         """The event the next publish sets (take it before reading ``snapshot`` to miss none)."""

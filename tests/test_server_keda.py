@@ -497,29 +497,35 @@ async def test_a_target_on_its_first_scrape_does_not_make_the_scaler_unready(
         hung.close()
 
 
-async def test_the_calls_of_a_new_target_share_one_first_scrape_wait(
-    scaler: ScalerServer, channel: grpc.aio.Channel
-) -> None:
+async def test_only_the_first_call_of_a_new_target_waits(scaler: ScalerServer, channel: grpc.aio.Channel) -> None:
     # before: calls 2-6 of a new target each waited the whole warm-up budget, as KEDA's start-up calls do
     slow = Replica(AT_TARGET)
     try:
         slow.set(delay_s=4.0)
-        keda = KedaEmulator(
-            channel, "new", "serving", {"endpoints": slow.url, "scrapeInterval": "5", "scrapeTimeout": "3"}
-        )
-        request = pb.GetMetricsRequest(scaledObjectRef=keda.ref, metricName="llm_composite")
-        took: list[float] = []
-        for _ in range(6):
+        meta = {"endpoints": slow.url, "scrapeInterval": "5", "scrapeTimeout": "3"}
+
+        async def timed(keda: KedaEmulator) -> float:
+            request = pb.GetMetricsRequest(scaledObjectRef=keda.ref, metricName="llm_composite")
             start = time.perf_counter()
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await keda.stub.GetMetrics(request)
-            took.append(time.perf_counter() - start)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "first scrape still in progress" in (err.value.details() or "")
-        (target,) = scaler.registry.targets()
-        assert target.snapshot is None  # still in its first scrape: every call above met the same state
-        # the first call waited the warm-up budget; the other five only the round trip
+            return time.perf_counter() - start
+
+        # one after the other, as the operator polls
+        keda = KedaEmulator(channel, "new", "serving", meta)
+        took = [await timed(keda) for _ in range(6)]
+        # side by side, as the operator and the HPA's adapter call at start: five started during the first's wait
+        other = KedaEmulator(channel, "other", "serving", meta)
+        first = asyncio.create_task(timed(other))
+        await asyncio.sleep(0.05)
+        side = await asyncio.gather(*(timed(other) for _ in range(5)))
+        alongside = await first
+        assert all(t.snapshot is None for t in scaler.registry.targets())  # every call met the same state
+        # the first call waited the warm-up budget; the other five, either way, only the round trip
         assert all(t < took[0] / 5 for t in took[1:]), took
+        assert all(t < alongside / 5 for t in side), (alongside, side)
     finally:
         slow.close()
 
