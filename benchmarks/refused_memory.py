@@ -33,7 +33,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _send(stub: pb_grpc.ExternalScalerStub, i: int, ref: pb.ScaledObjectRef) -> str:
+def send_rotating(stub: pb_grpc.ExternalScalerStub, i: int, ref: pb.ScaledObjectRef) -> str:
+    """Call ``i`` of a rotation over GetMetricSpec, GetMetrics with an unknown metric name and StreamIsActive;
+    the status code's name ("OK" when answered)."""
     try:
         if i % 3 == 2:
             next(iter(stub.StreamIsActive(ref, timeout=10)))
@@ -88,7 +90,7 @@ def main() -> int:
                 chunk = int(size_mb * 1e6 / 100)
                 meta = {f"k{j}": "".join(rng.choices(string.ascii_letters, k=chunk)) for j in range(100)}
                 ref = pb.ScaledObjectRef(name=f"so{i}", namespace="serving", scalerMetadata=meta)
-                code = _send(stub, i, ref)
+                code = send_rotating(stub, i, ref)
                 codes[code] = codes.get(code, 0) + 1
                 sent_mb += size_mb
                 t0 = time.perf_counter()

@@ -159,13 +159,18 @@ def _falling_residuals(points: list[tuple[float, float]]) -> list[float] | None:
     fewer than 3 points): the spread of a falling load around its trend, not around its median."""
     if len(points) < 3:
         return None
-    mt = math.fsum(t for t, _ in points) / len(points)
-    mr = math.fsum(r for _, r in points) / len(points)
-    var = math.fsum((t - mt) ** 2 for t, _ in points)
-    slope = math.fsum((t - mt) * (r - mr) for t, r in points) / var if var > 0 else 0.0
+    slope, mt = _slope(points)
     if not slope < 0:
         return None
     return [r - slope * (t - mt) for t, r in points]
+
+
+def _slope(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """The least-squares slope of the rates over time (0 when all share one time), and the mean time."""
+    mt = math.fsum(t for t, _ in points) / len(points)
+    mr = math.fsum(r for _, r in points) / len(points)
+    var = math.fsum((t - mt) ** 2 for t, _ in points)
+    return (math.fsum((t - mt) * (r - mr) for t, r in points) / var if var > 0 else 0.0), mt
 
 
 def _ratio(need: float, per_replica: float | None) -> float | None:
@@ -631,10 +636,7 @@ class DemandTracker:
         trend = [(t, r) for t, r in rates if t > now - c.trend_window_s]
         growth = 0.0
         if len(trend) >= 6:
-            mt = math.fsum(t for t, _ in trend) / len(trend)
-            mr = math.fsum(r for _, r in trend) / len(trend)
-            var = math.fsum((t - mt) ** 2 for t, _ in trend)
-            slope = math.fsum((t - mt) * (r - mr) for t, r in trend) / var if var > 0 else 0.0
+            slope, _ = _slope(trend)
             growth = min(c.growth_cap * offered, max(0.0, slope * horizon))
         cap, cap_source = self.capacity(capacity_rps, now, c)
         base = max(offered + growth, recent) if c.use_burst_window else offered + growth

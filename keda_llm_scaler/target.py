@@ -115,7 +115,7 @@ class Target:
         self._poll_started = self.registered_at
         self.holders = 0  # open streams keep a target from eviction
         self._updated = asyncio.Event()
-        self._first_wait_ends: float | None = None  # see wait_first
+        self._first_wait_taken = False  # see wait_first
         # the loop RPCs run on: snapshots published from the scrape loop's thread are handed over to it
         try:
             self._owner: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -170,9 +170,9 @@ class Target:
         other call, during that wait or after it, answers at once (UNAVAILABLE "first scrape still in
         progress" until the first scrape is in). KEDA calls several times a second at start, the operator
         and the HPA side by side; each waiting, even a shared wait, would make every one of them slow."""
-        if self.snapshot is not None or timeout <= 0 or self._first_wait_ends is not None:
+        if self.snapshot is not None or timeout <= 0 or self._first_wait_taken:
             return
-        self._first_wait_ends = self._clock() + timeout
+        self._first_wait_taken = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._updated.wait(), timeout)
 

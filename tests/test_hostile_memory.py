@@ -5,17 +5,20 @@ version of `docs/reliability.md`'s soak (360 calls), against `serve` as a real p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
+from collections.abc import Iterator
 
 import grpc
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.refused_memory import send_rotating
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
-from tests.serveproc import serve
+from tests.serveproc import ServeProcess, serve
 
 CALLS = 80
 MAP_BYTES = 900_000  # past the 256 KiB the scaler accepts, inside gRPC's 1 MiB receive limit
@@ -56,25 +59,24 @@ def _no_request(metrics_port: int) -> dict[str, float]:
 
 
 def _send(stub: pb_grpc.ExternalScalerStub, i: int, ref: pb.ScaledObjectRef, codes: dict[str, int]) -> None:
-    try:
-        if i % 3 == 2:
-            next(iter(stub.StreamIsActive(ref, timeout=10)))
-        elif i % 3 == 1:
-            stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref, metricName="nope"), timeout=10)
-        else:
-            stub.GetMetricSpec(ref, timeout=10)
-    except grpc.RpcError as exc:
-        codes[exc.code().name] = codes.get(exc.code().name, 0) + 1  # type: ignore[attr-defined]
+    code = send_rotating(stub, i, ref)
+    codes[code] = codes.get(code, 0) + 1
 
 
-def test_refused_oversized_requests_do_not_stay_in_memory() -> None:
-    rng = random.Random(0)
+@contextlib.contextmanager
+def _serving() -> Iterator[tuple[ServeProcess, pb_grpc.ExternalScalerStub, pb.ScaledObjectRef]]:
+    """``serve`` as a process, a stub whose channel sends up to 8 MB, and a normal trigger's reference."""
     with (
         serve() as proc,
         grpc.insecure_channel(proc.address, options=[("grpc.max_send_message_length", 8 << 20)]) as ch,
     ):
-        stub = pb_grpc.ExternalScalerStub(ch)
         normal = pb.ScaledObjectRef(name="ok", namespace="serving", scalerMetadata={"endpoints": "http://127.0.0.1:9"})
+        yield proc, pb_grpc.ExternalScalerStub(ch), normal
+
+
+def test_refused_oversized_requests_do_not_stay_in_memory() -> None:
+    rng = random.Random(0)
+    with _serving() as (proc, stub, normal):
         for _ in range(20):  # warmed up: the normal target's first scrapes and the server's first calls
             stub.GetMetricSpec(normal, timeout=10)
         idle = _tree_rss_mb(proc.proc.pid)
@@ -96,12 +98,7 @@ def test_refused_oversized_requests_do_not_stay_in_memory() -> None:
 
 def test_requests_past_the_receive_limit_are_refused_by_grpc_and_counted() -> None:
     rng = random.Random(1)
-    with (
-        serve() as proc,
-        grpc.insecure_channel(proc.address, options=[("grpc.max_send_message_length", 8 << 20)]) as ch,
-    ):
-        stub = pb_grpc.ExternalScalerStub(ch)
-        normal = pb.ScaledObjectRef(name="ok", namespace="serving", scalerMetadata={"endpoints": "http://127.0.0.1:9"})
+    with _serving() as (proc, stub, normal):
         stub.GetMetricSpec(normal, timeout=10)
         warm: dict[str, int] = {}
         for i in range(3):  # gRPC's first refusals size its buffers once (~11 MB): not what is measured
