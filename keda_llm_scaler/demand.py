@@ -42,6 +42,10 @@ A replica's capacity (requests/s it serves within the SLO), in order of preceden
   3 % of the rate at the SLO. The median of the last CAPACITY_SAMPLES such readings with requests
   finishing (a stuck engine teaches nothing), none older than SAMPLE_MAX_AGE_S; spread needs 3 bins of
   the calm window and growth 6 of the trend window;
+* served, which lifts a learned reading and stands in for one before any: the highest rate one replica
+  served healthily over 30 s, never above the median rate at which the fleet's replicas went past their
+  knee (the fleet's arrivals per replica over the 30 s before): a thrashing replica admits less than it
+  served before, and on long answers a replica takes in for 30 s a rate its growing KV will not keep;
 * provisional, before any replica has been past its knee: the offered rate over the replicas' KV-read
   utilization (``kv_utilization``), on the calm window;
 * unknown (an idle fleet): no rate term, the pressure side alone.
@@ -344,6 +348,9 @@ class DemandTracker:
         self._bins_closed = 0
         self._first_seen: dict[str, float] = {}
         self._intervals: dict[str, deque[tuple[float, float, float, float]]] = {}  # (t, arrived, dt, util)
+        self._recent: deque[tuple[float, float, float]] = deque()  # (t, arrivals, replica-s) over SERVED_WINDOW_S
+        # (t, req/s, mix): the fleet's arrivals per replica over SERVED_WINDOW_S when a replica went past its knee
+        self._tipped: deque[tuple[float, float, Mix | None]] = deque(maxlen=CAPACITY_SAMPLES)
         self._served: list[tuple[float, float, Mix | None]] = []  # (req/s, t, mix): the highest SERVED_SAMPLES
         self._prev_t: float | None = None
         self._open_t: float | None = None
@@ -362,6 +369,7 @@ class DemandTracker:
         if self._prev_t is not None and now <= self._prev_t:
             return  # the clock did not move: nothing to count over
         arrivals = util = covered_s = 0.0
+        tipped = False
         tokens = [0.0, 0.0, 0.0]  # prompt, generation, finished requests at replicas that count tokens
         seen: set[str] = set()
         for r in replicas:
@@ -433,6 +441,7 @@ class DemandTracker:
             )
             if finished > last.finished and saturated:
                 self._capacity.append((now, r.url, max(0.0, took) / dt, self.mix(now)))
+                tipped = tipped or not filling
             healthy = not (
                 saturated
                 or preempted
@@ -451,6 +460,7 @@ class DemandTracker:
             self._intervals.pop(gone, None)  # a failed scrape breaks the healthy run
         for left in set(self._first_seen) - members:
             del self._first_seen[left]
+        self._note_tipped(now, arrivals, covered_s, tipped)
         self._track_startups(now, starting, appeared)
         self._open.prompt_tokens += tokens[0]
         self._open.generation_tokens += tokens[1]
@@ -480,12 +490,34 @@ class DemandTracker:
             elif reading[0] > self._served[0][0]:
                 heapq.heapreplace(self._served, reading)
 
+    def _note_tipped(self, now: float, arrivals: float, covered_s: float, tipped: bool) -> None:
+        self._recent.append((now, arrivals, covered_s))
+        while self._recent and self._recent[0][0] <= now - SERVED_WINDOW_S - 1e-9:
+            self._recent.popleft()
+        replica_s = math.fsum(c for _, _, c in self._recent)
+        if tipped and replica_s > 0 and now - self._recent[0][0] >= SERVED_WINDOW_S - BIN_S:
+            # per replica of the fleet, not of the one that tipped: routing sends less to a full replica
+            self._tipped.append((now, math.fsum(a for _, a, _ in self._recent) / replica_s, self.mix(now)))
+
     def served(self, now: float | None) -> float | None:
         """The highest rate one replica served healthily over SERVED_WINDOW_S, on this mix (a lower bound
-        of its capacity, however the knee is shaped); None before any such reading."""
+        of its capacity, however the knee is shaped), never above the rate replicas tipped over at
+        (``tipped``); None before any such reading."""
         mix = self.mix(now)
         rates = [r for r, t, m in self._served if _describes(t, m, now, mix)]
-        return max(rates) if rates else None
+        if not rates:
+            return None
+        tipped = self.tipped(now)
+        # the highest of hundreds of half-minute windows is partly luck: on long answers a replica takes
+        # in for 30 s a rate its growing KV will not let it keep, and one such window sized a day's fleet
+        return max(rates) if tipped is None else min(max(rates), tipped)
+
+    def tipped(self, now: float | None) -> float | None:
+        """The median rate (over SERVED_WINDOW_S) at which replicas on this mix were seen going past their
+        knee, from MIN_CAPACITY_SAMPLES such readings; None before."""
+        mix = self.mix(now)
+        rates = [r for t, r, m in self._tipped if _describes(t, m, now, mix)]
+        return statistics.median(rates) if len(rates) >= MIN_CAPACITY_SAMPLES else None
 
     def add_startup(self, seconds: float) -> None:
         """A start-up measured where discovery sees it (a pod's creation to Ready). Once one arrives, the

@@ -417,6 +417,36 @@ def test_the_rate_a_replica_served_healthily_is_a_lower_bound_of_its_capacity() 
     assert queued.served(t) is None
 
 
+def test_a_served_rate_is_believed_only_up_to_the_rate_replicas_tipped_over_at() -> None:
+    """Two replicas serve 10 req/s each healthily, then one lucky half-minute of 15 each: served reads 15.
+    Then the fleet takes 12 req/s a replica and every replica goes past its knee (a queue kept at KV 0.95),
+    finishing 4/s and refusing 8/s, so learned reads 4. The fleet's arrivals per replica over the 30 s
+    before each tipping read 12: the served bound is held to 12, and the capacity is max(4, 12) = 12."""
+    tr = DemandTracker(5.0)
+    t = feed(tr, [20.0] * 30, kv=0.3)
+    t = feed(tr, [30.0] * 6, start=t, kv=0.3)
+    assert tr.served(t) == pytest.approx(15.0) and tr.tipped(t) is None
+    finished = [(20.0 * 30 + 30.0 * 6) * 5.0 / 2] * 2
+    rejected = [0.0, 0.0]
+    urls = ["r0", "r1"]
+    for _ in range(20):  # in flight held at 5 waiting + 20 running from the first saturated scrape on
+        t += 5.0
+        for i in range(2):
+            finished[i] += 4.0 * 5.0
+            rejected[i] += 8.0 * 5.0
+        tr.observe(
+            t,
+            urls,
+            [
+                counters(u, finished[i], waiting=5.0, running=20.0, kv=0.95, rejected=rejected[i])
+                for i, u in enumerate(urls)
+            ],
+        )
+    assert tr.tipped(t) == pytest.approx(12.0)
+    assert tr.served(t) == pytest.approx(12.0)
+    assert tr.capacity(None, t) == (pytest.approx(12.0), "learned")
+
+
 def test_without_a_known_knee_a_fleet_is_held_not_grown() -> None:
     """Property (d) and its successor: four replicas busy but fine (200 running at KV 0.3, targetKvUsage
     0.8). Read from KV the capacity says 5.6 replicas; with no knee seen it holds the four (and lets them
