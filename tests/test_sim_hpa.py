@@ -57,11 +57,12 @@ def test_scale_down_waits_for_the_stabilization_window() -> None:
 
 
 def test_scale_down_policy_limits_the_step() -> None:
-    hpa = Hpa(1, 100, BEHAVIORS["llm"])  # 600 s window, then one pod per 120 s
+    hpa = Hpa(1, 100, BEHAVIORS["llm"])  # 300 s window, then one pod per 120 s
     hpa.decide(0.0, 10, 10, av(10.0))
-    assert hpa.decide(601.0, 10, 10, av(2.0)) == 9
-    assert hpa.decide(616.0, 9, 9, av(2.0)) == 9
-    assert hpa.decide(722.0, 9, 9, av(2.0)) == 8
+    assert hpa.decide(299.0, 10, 10, av(2.0)) == 10
+    assert hpa.decide(301.0, 10, 10, av(2.0)) == 9
+    assert hpa.decide(316.0, 9, 9, av(2.0)) == 9
+    assert hpa.decide(422.0, 9, 9, av(2.0)) == 8
 
 
 def test_bounds_and_missing_metric() -> None:
