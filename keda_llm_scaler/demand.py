@@ -42,9 +42,11 @@ A replica's capacity (requests/s it serves within the SLO), in order of preceden
   3 % of the rate at the SLO. The median of the last CAPACITY_SAMPLES such readings with requests
   finishing (a stuck engine teaches nothing), none older than SAMPLE_MAX_AGE_S; spread needs 3 bins of
   the calm window and growth 6 of the trend window;
+* tipped: the fleet's arrivals per replica over the 30 s before the onset of each episode in which a
+  replica went past its knee; the median of three or more lifts the learned reading, up to SERVED_TRUST
+  x the served rate (a burst that tips the fleet reads as the burst's rate);
 * served, which lifts a learned reading and stands in for one before any: the highest rate one replica
-  served healthily over 30 s, never above the median rate at which the fleet's replicas went past their
-  knee (the fleet's arrivals per replica over the 30 s before): a thrashing replica admits less than it
+  served healthily over 30 s, never above the tipped rate: a thrashing replica admits less than it
   served before, and on long answers a replica takes in for 30 s a rate its growing KV will not keep;
 * provisional, before any replica has been past its knee: the offered rate over the replicas' KV-read
   utilization (``kv_utilization``), on the calm window;
@@ -348,6 +350,7 @@ class DemandTracker:
         self._bins_closed = 0
         self._first_seen: dict[str, float] = {}
         self._intervals: dict[str, deque[tuple[float, float, float, float]]] = {}  # (t, arrived, dt, util)
+        self._was_tipped = False
         self._recent: deque[tuple[float, float, float]] = deque()  # (t, arrivals, replica-s) over SERVED_WINDOW_S
         # (t, req/s, mix): the fleet's arrivals per replica over SERVED_WINDOW_S when a replica went past its knee
         self._tipped: deque[tuple[float, float, Mix | None]] = deque(maxlen=CAPACITY_SAMPLES)
@@ -495,6 +498,9 @@ class DemandTracker:
         while self._recent and self._recent[0][0] <= now - SERVED_WINDOW_S - 1e-9:
             self._recent.popleft()
         replica_s = math.fsum(c for _, _, c in self._recent)
+        was, self._was_tipped = self._was_tipped, tipped
+        if was:
+            return  # one reading at the onset of each episode: a fleet kept past its knee reads its overload
         if tipped and replica_s > 0 and now - self._recent[0][0] >= SERVED_WINDOW_S - BIN_S:
             # per replica of the fleet, not of the one that tipped: routing sends less to a full replica
             self._tipped.append((now, math.fsum(a for _, a, _ in self._recent) / replica_s, self.mix(now)))
@@ -513,8 +519,8 @@ class DemandTracker:
         return max(rates) if tipped is None else min(max(rates), tipped)
 
     def tipped(self, now: float | None) -> float | None:
-        """The median rate (over SERVED_WINDOW_S) at which replicas on this mix were seen going past their
-        knee, from MIN_CAPACITY_SAMPLES such readings; None before."""
+        """The median of the fleet's arrivals per replica over the SERVED_WINDOW_S before each onset of an
+        episode past the knee, on this mix, from MIN_CAPACITY_SAMPLES onsets; None before."""
         mix = self.mix(now)
         rates = [r for t, r, m in self._tipped if _describes(t, m, now, mix)]
         return statistics.median(rates) if len(rates) >= MIN_CAPACITY_SAMPLES else None
@@ -609,8 +615,15 @@ class DemandTracker:
             return configured, "configured"
         mix = self.mix(now) if now is not None else None
         fresh = [c for t, _, c, m in self._capacity if _describes(t, m, now, mix)]
-        served = self.served(now)
-        if len(fresh) >= MIN_CAPACITY_SAMPLES and (learned := statistics.median(fresh)) > 0:
+        learned = statistics.median(fresh) if len(fresh) >= MIN_CAPACITY_SAMPLES else 0.0
+        tipped, served = self.tipped(now), self.served(now)
+        if tipped is not None and served is not None:
+            # the load per replica at which the fleet's replicas went past their knee is steadier than what
+            # one replica admits once past it (on prefill-heavy 8b-a100 0.84-0.94x the capacity at the SLO,
+            # against 1.00-1.07x); believed up to a step beyond what replicas served healthily, since a
+            # burst that tips the fleet reads as the burst's rate (21 req/s on a 14 req/s replica)
+            return max(learned, min(tipped, SERVED_TRUST * served)), "learned"
+        if learned > 0:
             # a replica thrashing past a KV cliff takes in less than it served before it got there
             return max(learned, served or 0.0), "learned"
         prior = self.provisional_capacity(now, config) if now is not None else None

@@ -417,34 +417,79 @@ def test_the_rate_a_replica_served_healthily_is_a_lower_bound_of_its_capacity() 
     assert queued.served(t) is None
 
 
+class _TwoReplicas:
+    """Two replicas with the same counters, scraped every 5 s; rates are per replica."""
+
+    def __init__(self, tracker: DemandTracker) -> None:
+        self.tr, self.t = tracker, 0.0
+        self.finished = self.rejected = self.waiting = 0.0
+        self.tr.observe(0.0, ["r0", "r1"], self._counters(0.3))
+
+    def _counters(self, kv: float) -> list[ReplicaCounters]:
+        return [
+            counters(u, self.finished, waiting=self.waiting, running=20.0, kv=kv, rejected=self.rejected)
+            for u in ("r0", "r1")
+        ]
+
+    def scrape(self, arrive: float, kv: float, *, finish: float | None = None, waiting: float = 0.0) -> None:
+        """``arrive`` req/s reach each replica; ``finish`` of them finish (the rest refused); the queue moves
+        to ``waiting`` out of what would have finished, so arrivals stay exactly ``arrive``."""
+        done = (arrive if finish is None else finish) * 5.0 - (waiting - self.waiting)
+        self.t += 5.0
+        self.finished += done
+        self.rejected += (arrive - (arrive if finish is None else finish)) * 5.0
+        self.waiting = waiting
+        self.tr.observe(self.t, ["r0", "r1"], self._counters(kv))
+
+    def tip(self, arrive: float, finish: float) -> None:
+        """Six scrapes at ``arrive`` with KV full but no queue (not healthy, not past the knee), then a
+        queue kept for four scrapes (past the knee: one onset), then the queue drains."""
+        for _ in range(6):
+            self.scrape(arrive, 0.95)
+        for _ in range(4):
+            self.scrape(arrive, 0.95, finish=finish, waiting=5.0)
+        self.scrape(arrive, 0.95)
+
+
 def test_a_served_rate_is_believed_only_up_to_the_rate_replicas_tipped_over_at() -> None:
     """Two replicas serve 10 req/s each healthily, then one lucky half-minute of 15 each: served reads 15.
-    Then the fleet takes 12 req/s a replica and every replica goes past its knee (a queue kept at KV 0.95),
-    finishing 4/s and refusing 8/s, so learned reads 4. The fleet's arrivals per replica over the 30 s
-    before each tipping read 12: the served bound is held to 12, and the capacity is max(4, 12) = 12."""
+    Then three times the fleet takes 12 req/s a replica for half a minute and goes past its knee (a queue
+    kept at KV 0.95), finishing 4/s and refusing 8/s, so learned reads 4. At each onset the fleet's
+    arrivals per replica over the 30 s before read 12: the served bound is held to 12 (the lucky window was
+    luck), and the capacity is max(4, min(12, 1.2 x 12)) = 12."""
     tr = DemandTracker(5.0)
-    t = feed(tr, [20.0] * 30, kv=0.3)
-    t = feed(tr, [30.0] * 6, start=t, kv=0.3)
-    assert tr.served(t) == pytest.approx(15.0) and tr.tipped(t) is None
-    finished = [(20.0 * 30 + 30.0 * 6) * 5.0 / 2] * 2
-    rejected = [0.0, 0.0]
-    urls = ["r0", "r1"]
-    for _ in range(20):  # in flight held at 5 waiting + 20 running from the first saturated scrape on
-        t += 5.0
-        for i in range(2):
-            finished[i] += 4.0 * 5.0
-            rejected[i] += 8.0 * 5.0
-        tr.observe(
-            t,
-            urls,
-            [
-                counters(u, finished[i], waiting=5.0, running=20.0, kv=0.95, rejected=rejected[i])
-                for i, u in enumerate(urls)
-            ],
-        )
-    assert tr.tipped(t) == pytest.approx(12.0)
-    assert tr.served(t) == pytest.approx(12.0)
-    assert tr.capacity(None, t) == (pytest.approx(12.0), "learned")
+    fleet = _TwoReplicas(tr)
+    for _ in range(30):
+        fleet.scrape(10.0, 0.3)
+    for _ in range(6):
+        fleet.scrape(15.0, 0.3)
+    assert tr.served(fleet.t) == pytest.approx(15.0) and tr.tipped(fleet.t) is None
+    fleet.tip(12.0, 4.0)
+    fleet.tip(12.0, 4.0)
+    assert tr.tipped(fleet.t) is None  # two onsets: not yet a reading
+    fleet.tip(12.0, 4.0)
+    assert tr.tipped(fleet.t) == pytest.approx(12.0)
+    assert tr.served(fleet.t) == pytest.approx(12.0)
+    assert tr.capacity(None, fleet.t) == (pytest.approx(12.0), "learned")
+
+
+def test_the_rate_the_fleet_tipped_at_lifts_the_capacity_a_step_beyond_what_it_served() -> None:
+    """Served 8 req/s a replica healthily; three onsets at 9 req/s, then three at 15 (a burst tipping the
+    fleet reads as the burst's rate). Learned (4/s finishing past the knee) is lifted to the median tipping
+    rate, 9, then to at most 1.2 x 8 = 9.6 however fast the bursts came."""
+    tr = DemandTracker(5.0)
+    fleet = _TwoReplicas(tr)
+    for _ in range(36):
+        fleet.scrape(8.0, 0.3)
+    assert tr.served(fleet.t) == pytest.approx(8.0) and tr.tipped(fleet.t) is None
+    for _ in range(3):
+        fleet.tip(9.0, 4.0)
+    assert tr.tipped(fleet.t) == pytest.approx(9.0)
+    assert tr.capacity(None, fleet.t) == (pytest.approx(9.0), "learned")
+    for _ in range(4):
+        fleet.tip(15.0, 4.0)
+    assert tr.tipped(fleet.t) == pytest.approx(15.0)
+    assert tr.capacity(None, fleet.t) == (pytest.approx(9.6), "learned")
 
 
 def test_without_a_known_knee_a_fleet_is_held_not_grown() -> None:
