@@ -42,9 +42,10 @@ A replica's capacity (requests/s it serves within the SLO), in order of preceden
   3 % of the rate at the SLO. The median of the last CAPACITY_SAMPLES such readings with requests
   finishing (a stuck engine teaches nothing), none older than SAMPLE_MAX_AGE_S; spread needs 3 bins of
   the calm window and growth 6 of the trend window;
-* tipped: the fleet's arrivals per replica over the 30 s before the onset of each episode in which a
-  replica went past its knee; the median of three or more lifts the learned reading, up to SERVED_TRUST
-  x the served rate (a burst that tips the fleet reads as the burst's rate);
+* tipped: at the onset of each episode in which a replica went past its knee (none had for 30 s), the
+  load per replica over about the 30 s before it (the fleet's arrivals per replica, or the tipping
+  replica's own if higher); the median of three or more lifts the learned reading, up to SERVED_TRUST x
+  the served rate (a burst that tips the fleet reads as the burst's rate);
 * served, which lifts a learned reading and stands in for one before any: the highest rate one replica
   served healthily over 30 s, never above the tipped rate: a thrashing replica admits less than it
   served before, and on long answers a replica takes in for 30 s a rate its growing KV will not keep;
@@ -280,7 +281,7 @@ HEALTHY_TTFT_SHARE: Final = 0.25  # served healthily: first tokens within a quar
 SERVED_WINDOW_S: Final = 30.0  # a replica's served rate is read over this long, every interval healthy
 SERVED_SETTLE_S: Final = 120.0  # not in a replica's first minutes: least-loaded routing floods a new pod
 SERVED_SAMPLES: Final = 256
-SERVED_TRUST: Final = 1.2  # a capacity read from KV is believed up to 1.2x the rate replicas served
+SERVED_TRUST: Final = 1.2  # a capacity read from KV or from a tipping is believed up to 1.2x the rate replicas served
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,9 +351,10 @@ class DemandTracker:
         self._bins_closed = 0
         self._first_seen: dict[str, float] = {}
         self._intervals: dict[str, deque[tuple[float, float, float, float]]] = {}  # (t, arrived, dt, util)
-        self._was_tipped = False
+        self._last_tipped: float | None = None  # when a replica was last seen going past its knee
+        self._own: dict[str, deque[tuple[float, float, float]]] = {}  # (t, arrived, dt) over SERVED_WINDOW_S
         self._recent: deque[tuple[float, float, float]] = deque()  # (t, arrivals, replica-s) over SERVED_WINDOW_S
-        # (t, req/s, mix): the fleet's arrivals per replica over SERVED_WINDOW_S when a replica went past its knee
+        # (t, req/s, mix): the load per replica at each onset of an episode past the knee (_note_tipped)
         self._tipped: deque[tuple[float, float, Mix | None]] = deque(maxlen=CAPACITY_SAMPLES)
         self._served: list[tuple[float, float, Mix | None]] = []  # (req/s, t, mix): the highest SERVED_SAMPLES
         self._prev_t: float | None = None
@@ -372,7 +374,7 @@ class DemandTracker:
         if self._prev_t is not None and now <= self._prev_t:
             return  # the clock did not move: nothing to count over
         arrivals = util = covered_s = 0.0
-        tipped = False
+        tipped_own = None  # the highest own arrival rate among the replicas going past their knee this cycle
         tokens = [0.0, 0.0, 0.0]  # prompt, generation, finished requests at replicas that count tokens
         seen: set[str] = set()
         for r in replicas:
@@ -442,9 +444,16 @@ class DemandTracker:
             saturated = is_saturated(
                 waiting, last.waiting, running, nonneg(kv), preempted, None if filling else wait, self.queue_knee_s
             )
+            own = self._own.setdefault(r.url, deque())
+            own.append((now, came, dt))
+            while own and own[0][0] - own[0][2] < now - SERVED_WINDOW_S - 1e-9:
+                own.popleft()
             if finished > last.finished and saturated:
                 self._capacity.append((now, r.url, max(0.0, took) / dt, self.mix(now)))
-                tipped = tipped or not filling
+                if not filling:
+                    span = math.fsum(d for _, _, d in own)
+                    rate = math.fsum(a for _, a, _ in own) / span if span >= SERVED_WINDOW_S - 1e-9 else 0.0
+                    tipped_own = max(tipped_own or 0.0, rate)
             healthy = not (
                 saturated
                 or preempted
@@ -461,9 +470,10 @@ class DemandTracker:
             del self._last[gone]
             self._tokens.pop(gone, None)
             self._intervals.pop(gone, None)  # a failed scrape breaks the healthy run
+            self._own.pop(gone, None)
         for left in set(self._first_seen) - members:
             del self._first_seen[left]
-        self._note_tipped(now, arrivals, covered_s, tipped)
+        self._note_tipped(now, arrivals, covered_s, tipped_own)
         self._track_startups(now, starting, appeared)
         self._open.prompt_tokens += tokens[0]
         self._open.generation_tokens += tokens[1]
@@ -493,37 +503,45 @@ class DemandTracker:
             elif reading[0] > self._served[0][0]:
                 heapq.heapreplace(self._served, reading)
 
-    def _note_tipped(self, now: float, arrivals: float, covered_s: float, tipped: bool) -> None:
+    def _note_tipped(self, now: float, arrivals: float, covered_s: float, tipped_own: float | None) -> None:
+        """At the onset of an episode past the knee (a replica going past it after SERVED_WINDOW_S with
+        none that did), the load per replica that took it there: the fleet's arrivals per replica over
+        the last SERVED_WINDOW_S, or the tipping replica's own if higher (least-loaded routing sends less
+        to a full replica; affinity routing sends one replica more than the fleet's share)."""
         self._recent.append((now, arrivals, covered_s))
         while self._recent and self._recent[0][0] <= now - SERVED_WINDOW_S - 1e-9:
             self._recent.popleft()
+        if tipped_own is None:
+            return
+        onset = self._last_tipped is None or now - self._last_tipped > SERVED_WINDOW_S
+        self._last_tipped = now
+        # within an episode a fleet kept past its knee reads its overload, and a failed scrape or a KV
+        # reading flickering around SATURATED_KV must not start a new one
         replica_s = math.fsum(c for _, _, c in self._recent)
-        was, self._was_tipped = self._was_tipped, tipped
-        if was:
-            return  # one reading at the onset of each episode: a fleet kept past its knee reads its overload
-        if tipped and replica_s > 0 and now - self._recent[0][0] >= SERVED_WINDOW_S - BIN_S:
-            # per replica of the fleet, not of the one that tipped: routing sends less to a full replica
-            self._tipped.append((now, math.fsum(a for _, a, _ in self._recent) / replica_s, self.mix(now)))
+        if onset and replica_s > 0 and now - self._recent[0][0] >= SERVED_WINDOW_S - BIN_S:
+            fleet = math.fsum(a for _, a, _ in self._recent) / replica_s
+            if (rate := max(fleet, tipped_own)) > 0:
+                self._tipped.append((now, rate, self.mix(now)))
 
     def served(self, now: float | None) -> float | None:
         """The highest rate one replica served healthily over SERVED_WINDOW_S, on this mix (a lower bound
         of its capacity, however the knee is shaped), never above the rate replicas tipped over at
-        (``tipped``); None before any such reading."""
+        (``tipped``, from the first onset); None before any such reading."""
         mix = self.mix(now)
         rates = [r for r, t, m in self._served if _describes(t, m, now, mix)]
         if not rates:
             return None
-        tipped = self.tipped(now)
+        tipped = self.tipped(now, 1)  # lowering a capacity errs on the safe side: one onset is enough
         # the highest of hundreds of half-minute windows is partly luck: on long answers a replica takes
         # in for 30 s a rate its growing KV will not let it keep, and one such window sized a day's fleet
         return max(rates) if tipped is None else min(max(rates), tipped)
 
-    def tipped(self, now: float | None) -> float | None:
-        """The median of the fleet's arrivals per replica over the SERVED_WINDOW_S before each onset of an
-        episode past the knee, on this mix, from MIN_CAPACITY_SAMPLES onsets; None before."""
+    def tipped(self, now: float | None, enough: int = MIN_CAPACITY_SAMPLES) -> float | None:
+        """The median load per replica at the onset of an episode past the knee (``_note_tipped``), on this
+        mix, from ``enough`` onsets; None before."""
         mix = self.mix(now)
         rates = [r for t, r, m in self._tipped if _describes(t, m, now, mix)]
-        return statistics.median(rates) if len(rates) >= MIN_CAPACITY_SAMPLES else None
+        return statistics.median(rates) if rates and len(rates) >= enough else None
 
     def add_startup(self, seconds: float) -> None:
         """A start-up measured where discovery sees it (a pod's creation to Ready). Once one arrives, the
@@ -617,7 +635,7 @@ class DemandTracker:
         fresh = [c for t, _, c, m in self._capacity if _describes(t, m, now, mix)]
         learned = statistics.median(fresh) if len(fresh) >= MIN_CAPACITY_SAMPLES else 0.0
         tipped, served = self.tipped(now), self.served(now)
-        if tipped is not None and served is not None:
+        if tipped is not None and served is not None and tipped > 0:
             # the load per replica at which the fleet's replicas went past their knee is steadier than what
             # one replica admits once past it (on prefill-heavy 8b-a100 0.84-0.94x the capacity at the SLO,
             # against 1.00-1.07x); believed up to a step beyond what replicas served healthily, since a

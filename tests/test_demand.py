@@ -417,29 +417,43 @@ def test_the_rate_a_replica_served_healthily_is_a_lower_bound_of_its_capacity() 
     assert queued.served(t) is None
 
 
-class _TwoReplicas:
-    """Two replicas with the same counters, scraped every 5 s; rates are per replica."""
+class _Fleet:
+    """Replicas scraped every 5 s; rates are per replica, one value for all or one per replica."""
 
-    def __init__(self, tracker: DemandTracker) -> None:
-        self.tr, self.t = tracker, 0.0
-        self.finished = self.rejected = self.waiting = 0.0
-        self.tr.observe(0.0, ["r0", "r1"], self._counters(0.3))
+    def __init__(self, tracker: DemandTracker, n: int = 2) -> None:
+        self.tr, self.t, self.urls = tracker, 0.0, [f"r{i}" for i in range(n)]
+        self.finished, self.rejected, self.waiting = [0.0] * n, [0.0] * n, [0.0] * n
+        self.tr.observe(0.0, self.urls, [self._counters(i, 0.3) for i in range(n)])
 
-    def _counters(self, kv: float) -> list[ReplicaCounters]:
-        return [
-            counters(u, self.finished, waiting=self.waiting, running=20.0, kv=kv, rejected=self.rejected)
-            for u in ("r0", "r1")
-        ]
+    def _counters(self, i: int, kv: float) -> ReplicaCounters:
+        return counters(self.urls[i], self.finished[i], self.waiting[i], 20.0, kv, self.rejected[i])
 
-    def scrape(self, arrive: float, kv: float, *, finish: float | None = None, waiting: float = 0.0) -> None:
-        """``arrive`` req/s reach each replica; ``finish`` of them finish (the rest refused); the queue moves
-        to ``waiting`` out of what would have finished, so arrivals stay exactly ``arrive``."""
-        done = (arrive if finish is None else finish) * 5.0 - (waiting - self.waiting)
+    def scrape(
+        self,
+        arrive: float | list[float],
+        kv: float | list[float],
+        *,
+        finish: float | list[float | None] | None = None,
+        waiting: float | list[float] = 0.0,
+        answered: list[int] | None = None,
+    ) -> None:
+        """``arrive`` req/s reach a replica; ``finish`` of them finish (the rest refused; None: all); the
+        queue moves to ``waiting`` out of what would have finished, so arrivals stay exactly ``arrive``.
+        ``answered``: the replicas whose scrape succeeded (all by default)."""
+        n = len(self.urls)
+
+        def each(v: object) -> list:  # type: ignore[type-arg]
+            return list(v) if isinstance(v, list) else [v] * n
+
+        arrives, kvs, finishes, waits = each(arrive), each(kv), each(finish), each(waiting)
         self.t += 5.0
-        self.finished += done
-        self.rejected += (arrive - (arrive if finish is None else finish)) * 5.0
-        self.waiting = waiting
-        self.tr.observe(self.t, ["r0", "r1"], self._counters(kv))
+        for i in range(n):
+            fin = arrives[i] if finishes[i] is None else finishes[i]
+            self.finished[i] += fin * 5.0 - (waits[i] - self.waiting[i])
+            self.rejected[i] += (arrives[i] - fin) * 5.0
+            self.waiting[i] = waits[i]
+        seen = range(n) if answered is None else answered
+        self.tr.observe(self.t, self.urls, [self._counters(i, kvs[i]) for i in seen])
 
     def tip(self, arrive: float, finish: float) -> None:
         """Six scrapes at ``arrive`` with KV full but no queue (not healthy, not past the knee), then a
@@ -458,7 +472,7 @@ def test_a_served_rate_is_believed_only_up_to_the_rate_replicas_tipped_over_at()
     arrivals per replica over the 30 s before read 12: the served bound is held to 12 (the lucky window was
     luck), and the capacity is max(4, min(12, 1.2 x 12)) = 12."""
     tr = DemandTracker(5.0)
-    fleet = _TwoReplicas(tr)
+    fleet = _Fleet(tr)
     for _ in range(30):
         fleet.scrape(10.0, 0.3)
     for _ in range(6):
@@ -476,9 +490,9 @@ def test_a_served_rate_is_believed_only_up_to_the_rate_replicas_tipped_over_at()
 def test_the_rate_the_fleet_tipped_at_lifts_the_capacity_a_step_beyond_what_it_served() -> None:
     """Served 8 req/s a replica healthily; three onsets at 9 req/s, then three at 15 (a burst tipping the
     fleet reads as the burst's rate). Learned (4/s finishing past the knee) is lifted to the median tipping
-    rate, 9, then to at most 1.2 x 8 = 9.6 however fast the bursts came."""
+    rate, 9, then, after four more onsets at 15, to at most 1.2 x 8 = 9.6 however fast the bursts came."""
     tr = DemandTracker(5.0)
-    fleet = _TwoReplicas(tr)
+    fleet = _Fleet(tr)
     for _ in range(36):
         fleet.scrape(8.0, 0.3)
     assert tr.served(fleet.t) == pytest.approx(8.0) and tr.tipped(fleet.t) is None
@@ -490,6 +504,43 @@ def test_the_rate_the_fleet_tipped_at_lifts_the_capacity_a_step_beyond_what_it_s
         fleet.tip(15.0, 4.0)
     assert tr.tipped(fleet.t) == pytest.approx(15.0)
     assert tr.capacity(None, fleet.t) == (pytest.approx(9.6), "learned")
+
+
+def test_a_replica_routed_more_than_its_share_tips_at_its_own_rate() -> None:
+    """Four replicas served 10 req/s each. Then affinity routing sends r0 12 req/s while the other three
+    take 3: r0 goes past its knee three times. The fleet's share (5.25 a replica) is not what took r0
+    there; its own 12 is, and the capacity is held at the 10 served rather than dropped to 5.25."""
+    tr = DemandTracker(5.0)
+    fleet = _Fleet(tr, 4)
+    for _ in range(36):
+        fleet.scrape(10.0, 0.3)
+    assert tr.served(fleet.t) == pytest.approx(10.0)
+    skew = [12.0, 3.0, 3.0, 3.0]
+    for _ in range(3):
+        for _ in range(6):
+            fleet.scrape(skew, [0.95, 0.3, 0.3, 0.3])
+        for _ in range(4):
+            fleet.scrape(skew, [0.95, 0.3, 0.3, 0.3], finish=[4.0, None, None, None], waiting=[5.0, 0.0, 0.0, 0.0])
+        fleet.scrape(skew, [0.95, 0.3, 0.3, 0.3])
+    assert tr.tipped(fleet.t) == pytest.approx(12.0)
+    assert tr.capacity(None, fleet.t) == (pytest.approx(12.0), "learned")  # min(12, 1.2 x 10)
+
+
+def test_a_fleet_kept_past_its_knee_is_one_episode_whatever_its_scrapes_do() -> None:
+    """Served 10 req/s a replica, then five minutes taking 20 while finishing 4, with every fourth scrape
+    failing and KV flickering around SATURATED_KV: one onset (its reading), not one per flicker, so the
+    overload (20 a replica) is not read again and again as the rate the fleet tips at."""
+    tr = DemandTracker(5.0)
+    fleet = _Fleet(tr)
+    for _ in range(36):
+        fleet.scrape(10.0, 0.3)
+    for _ in range(6):
+        fleet.scrape(10.0, 0.95)
+    for k in range(60):
+        fleet.scrape(20.0, 0.95 if k % 3 else 0.88, finish=4.0, waiting=5.0, answered=[] if k % 4 == 3 else None)
+    assert len(tr._tipped) == 1
+    # the onset's 30 s: four scrapes at 10 and two at 20 a replica (the second is the first past the knee)
+    assert tr.tipped(fleet.t, 1) == pytest.approx((4 * 50.0 + 2 * 100.0) / 30.0)
 
 
 def test_without_a_known_knee_a_fleet_is_held_not_grown() -> None:
