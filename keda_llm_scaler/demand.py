@@ -635,7 +635,7 @@ class DemandTracker:
         fresh = [c for t, _, c, m in self._capacity if _describes(t, m, now, mix)]
         learned = statistics.median(fresh) if len(fresh) >= MIN_CAPACITY_SAMPLES else 0.0
         tipped, served = self.tipped(now), self.served(now)
-        if tipped is not None and served is not None and tipped > 0:
+        if tipped is not None and served is not None:  # readings are kept only when positive
             # the load per replica at which the fleet's replicas went past their knee is steadier than what
             # one replica admits once past it (on prefill-heavy 8b-a100 0.84-0.94x the capacity at the SLO,
             # against 1.00-1.07x); believed up to a step beyond what replicas served healthily, since a

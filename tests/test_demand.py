@@ -455,14 +455,21 @@ class _Fleet:
         seen = range(n) if answered is None else answered
         self.tr.observe(self.t, self.urls, [self._counters(i, kvs[i]) for i in seen])
 
-    def tip(self, arrive: float, finish: float) -> None:
+    def tip(
+        self,
+        arrive: float | list[float],
+        finish: float | list[float | None],
+        kv: float | list[float] = 0.95,
+        waiting: float | list[float] = 5.0,
+    ) -> None:
         """Six scrapes at ``arrive`` with KV full but no queue (not healthy, not past the knee), then a
-        queue kept for four scrapes (past the knee: one onset), then the queue drains."""
+        queue kept for four scrapes (past the knee: one onset), then the queue drains. Per replica:
+        ``kv`` and ``waiting`` say which replicas tip (the others: KV 0.3, no queue, finish None)."""
         for _ in range(6):
-            self.scrape(arrive, 0.95)
+            self.scrape(arrive, kv)
         for _ in range(4):
-            self.scrape(arrive, 0.95, finish=finish, waiting=5.0)
-        self.scrape(arrive, 0.95)
+            self.scrape(arrive, kv, finish=finish, waiting=waiting)
+        self.scrape(arrive, kv)
 
 
 def test_a_served_rate_is_believed_only_up_to_the_rate_replicas_tipped_over_at() -> None:
@@ -488,7 +495,7 @@ def test_a_served_rate_is_believed_only_up_to_the_rate_replicas_tipped_over_at()
 
 
 def test_the_rate_the_fleet_tipped_at_lifts_the_capacity_a_step_beyond_what_it_served() -> None:
-    """Served 8 req/s a replica healthily; three onsets at 9 req/s, then three at 15 (a burst tipping the
+    """Served 8 req/s a replica healthily; three onsets at 9 req/s, then four at 15 (a burst tipping the
     fleet reads as the burst's rate). Learned (4/s finishing past the knee) is lifted to the median tipping
     rate, 9, then, after four more onsets at 15, to at most 1.2 x 8 = 9.6 however fast the bursts came."""
     tr = DemandTracker(5.0)
@@ -515,13 +522,8 @@ def test_a_replica_routed_more_than_its_share_tips_at_its_own_rate() -> None:
     for _ in range(36):
         fleet.scrape(10.0, 0.3)
     assert tr.served(fleet.t) == pytest.approx(10.0)
-    skew = [12.0, 3.0, 3.0, 3.0]
     for _ in range(3):
-        for _ in range(6):
-            fleet.scrape(skew, [0.95, 0.3, 0.3, 0.3])
-        for _ in range(4):
-            fleet.scrape(skew, [0.95, 0.3, 0.3, 0.3], finish=[4.0, None, None, None], waiting=[5.0, 0.0, 0.0, 0.0])
-        fleet.scrape(skew, [0.95, 0.3, 0.3, 0.3])
+        fleet.tip([12.0, 3.0, 3.0, 3.0], [4.0, None, None, None], [0.95, 0.3, 0.3, 0.3], [5.0, 0.0, 0.0, 0.0])
     assert tr.tipped(fleet.t) == pytest.approx(12.0)
     assert tr.capacity(None, fleet.t) == (pytest.approx(12.0), "learned")  # min(12, 1.2 x 10)
 
