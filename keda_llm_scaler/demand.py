@@ -71,6 +71,8 @@ from typing import Final
 __all__ = [
     "CAPACITY_SAMPLES",
     "DEFAULT_STARTUP_S",
+    "DEMAND_WINDOW_S",
+    "TREND_WINDOW_SHARE",
     "DemandConfig",
     "DemandEstimate",
     "DemandTracker",
@@ -90,19 +92,30 @@ DEFAULT_TTFT_SLO_S: Final = 2.0  # without ttftSloSeconds: what an interactive e
 DEFAULT_QUEUE_KNEE_S: Final = 1.0  # without a TTFT SLO: a second in the queue is past any chat knee
 QUEUE_KNEE_SLO_SHARE: Final = 0.5  # with one: half the SLO spent waiting to be scheduled
 MIX_TOLERANCE: Final = 0.3  # a capacity reading describes mixes within 30 % of its tokens per request
+DEMAND_WINDOW_S: Final = 300.0  # the calm window by default (demandWindow; ScoringParams takes it from here)
+TREND_WINDOW_SHARE: Final = 1.2  # the trend is read over 1.2x the calm window (360 s by default)
+BURST_WINDOW_SHARE: Final = 0.1  # the burst over 0.1x (30 s by default)
 
 
 @dataclass(frozen=True, slots=True)
 class DemandConfig:
     """The estimator's windows and headroom (one set for every workload; docs/replay.md shows the sweeps)."""
 
-    calm_window_s: float = 300.0
-    burst_window_s: float = 30.0
-    trend_window_s: float = 360.0
+    calm_window_s: float = DEMAND_WINDOW_S
     headroom_sigmas: float = 2.0
     growth_cap: float = 0.2
     use_burst_window: bool = False  # measured: chasing bursts shorter than a start-up only costs
     robust_spread: bool = True
+
+    @property
+    def burst_window_s(self) -> float:
+        """The burst's window, in proportion to the calm one (30 s at the default 300 s)."""
+        return BURST_WINDOW_SHARE * self.calm_window_s
+
+    @property
+    def trend_window_s(self) -> float:
+        """The growth's window, in proportion to the calm one (360 s at the default 300 s)."""
+        return TREND_WINDOW_SHARE * self.calm_window_s
 
     @property
     def history_s(self) -> float:

@@ -151,7 +151,7 @@ def test_a_rare_burst_is_not_everyday_spread() -> None:
 def test_growth_is_projected_over_the_startup_and_bounded() -> None:
     """A ramp of +0.1 req/s per second, projected over a configured 100 s start-up: +10 req/s, and never
     more than growth_cap x offered; a falling load projects nothing."""
-    cfg = DemandConfig(headroom_sigmas=0.0, use_burst_window=False, trend_window_s=360.0)
+    cfg = DemandConfig(headroom_sigmas=0.0)  # the trend window: 360 s
     tr = DemandTracker(10.0, cfg)
     t = feed(tr, [50.0 + 1.0 * k for k in range(36)], step=10.0)
     est = tr.estimate(t, startup_s=100.0)
