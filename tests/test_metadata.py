@@ -32,8 +32,7 @@ def test_defaults() -> None:
 
 def test_defaults_are_the_documented_values_from_one_source() -> None:
     """Each default is defined once (the dataclass field that holds it, else metadata.DEFAULTS); these are
-    the values the README documents, and the demand windows follow the calm one (300 s: trend 360 s,
-    burst 30 s)."""
+    the values the README documents, and the demand's trend window follows its calm one (300 s: 360 s)."""
     assert DEFAULTS == {
         "engine": "auto",
         "metricsPath": "/metrics",
@@ -69,10 +68,10 @@ def test_defaults_are_the_documented_values_from_one_source() -> None:
     assert parse({"service": "vllm"}, base={}).discovery.startup_budget_s == DEFAULTS["startupBudgetSeconds"]
     windows = demand_config(scoring)
     assert windows == DemandConfig()
-    assert (windows.calm_window_s, windows.trend_window_s, windows.burst_window_s) == (300.0, 360.0, 30.0)
+    assert (windows.calm_window_s, windows.trend_window_s) == (300.0, 360.0)
     assert (windows.headroom_sigmas, windows.growth_cap, windows.history_s) == (2.0, 0.2, 360.0)
     wide = demand_config(dataclasses.replace(scoring, demand_window_s=600.0))
-    assert (wide.calm_window_s, wide.trend_window_s, wide.burst_window_s) == (600.0, 720.0, 60.0)
+    assert (wide.calm_window_s, wide.trend_window_s) == (600.0, 720.0)
     assert DEMAND_RETAIN_S == 1.2 * 3600.0  # the longest demandWindow's trend window
 
 

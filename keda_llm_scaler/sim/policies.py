@@ -78,7 +78,6 @@ class CompositePolicy(Policy):
     scrape_interval_s: float = 5.0
     params: ScoringParams = field(default_factory=ScoringParams)  # the defaults; the knob sets utilization
     demand: DemandConfig | None = None
-    count_incoming: bool = True  # starting pods (not-ready endpoints) as capacity on the way
     stale_after_s: float = 15.0
 
     def __post_init__(self) -> None:
@@ -90,8 +89,7 @@ class CompositePolicy(Policy):
     def sample(self, now: float, fleet: Fleet) -> None:
         starting = len(fleet.with_state(STARTING))
         self._state.update(now, (Observation(p.name, p.replica.signals()) for p in _ready(fleet)), starting)
-        incoming = starting if self.count_incoming else 0
-        c = self._state.evaluate(now, incoming).composite
+        c = self._state.evaluate(now, starting).composite  # starting pods: capacity on the way
         self._composite = None if c is None else c.value
         self.value = self._composite
         self._last = c
