@@ -79,6 +79,23 @@ def test_p3_single_request_matches_nim() -> None:
     assert 1000 * (req.finished_at - req.first_token_at) / 499 == pytest.approx(15.5, rel=0.15)
 
 
+def test_steps_take_the_profiles_step_time() -> None:
+    """The engine runs Profile.step_ms: a prompt chunked over two steps, then decode-only steps whose
+    context grows by a token each (advanced in one go, as an arithmetic series)."""
+    p = PROFILES["70b-h100x4"]
+    rep = SimReplica(p)
+    req = Request(0, 0.0, 10_000, 50)
+    rep.submit([req])
+    rep.advance(100.0)
+    chunks = [(8192, 0), (10_000 - 8192, 8192)]  # (tokens, prefix before them)
+    ttft_ms = sum(p.step_ms(n, 0, 0, n * (q + n / 2)) for n, q in chunks)
+    decode_ms = sum(p.step_ms(0, 1, 10_001 + k) for k in range(49))
+    assert req.ttft is not None and req.finished_at is not None
+    assert 1000 * req.ttft == pytest.approx(ttft_ms, rel=1e-12)
+    assert 1000 * req.finished_at == pytest.approx(ttft_ms + decode_ms, rel=1e-12)
+    assert rep.steps == 2 + 49
+
+
 def test_kv_exhaustion_preempts_and_recovers() -> None:
     profile = PROFILES["8b-h100"]
     rep = SimReplica(profile)

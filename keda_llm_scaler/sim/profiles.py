@@ -63,13 +63,20 @@ class Profile:
     max_num_seqs: int = 1024
 
     def step_ms(self, prefill_tokens: float, decoding: int, context_tokens: float, attention: float = 0.0) -> float:
+        """T_step (the module's docstring), the one definition the simulator runs; ``attention`` is
+        Σ p_i·(q_i + p_i/2) over the step's prefill chunks."""
         return (
             self.c_ms
             + self.b_ms * prefill_tokens
             + self.d_ms * decoding
-            + self.e_ms * context_tokens / 1000.0
+            + self.context_ms(context_tokens)
             + self.f_ms * attention
         )
+
+    def context_ms(self, context_tokens: float) -> float:
+        """T_step's K term: decode reading ``context_tokens`` of context (a run of decode-only steps grows
+        by this of its decoding sequences' count each step)."""
+        return self.e_ms * context_tokens / 1000.0
 
 
 PROFILES: Final[dict[str, Profile]] = {

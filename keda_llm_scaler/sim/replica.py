@@ -250,7 +250,7 @@ class SimReplica:
         """Free KV by preempting the most recently admitted requests (vLLM V1 RECOMPUTE); True if any was."""
         cap = self.profile.kv_tokens
         preempted = False
-        while self.kv_used + need > cap and self._admit_order:
+        while self.context + self.prefill_kv + need > cap and self._admit_order:  # kv_used, inlined: every step
             _, r = self._admit_order.popitem()
             if r.state == DECODE:
                 ctx = r.ctx_base + (self.step_no - r.decode_start)
@@ -293,7 +293,7 @@ class SimReplica:
             prefill_tokens += chunk
             attention += chunk * (r.prefilled + chunk / 2)
         if not preempted:
-            waiting, running, max_seqs = self.waiting, self.running, p.max_num_seqs
+            waiting, running, max_seqs = self.waiting, len(self.prefilling) + self.decoding, p.max_num_seqs  # running
             while waiting and budget > 0 and running < max_seqs:
                 r = waiting[0]
                 # as vLLM's allocate_slots: the whole chunk must fit in free KV, else admission stops
@@ -314,9 +314,7 @@ class SimReplica:
                 free -= chunk
                 prefill_tokens += chunk
                 attention += chunk * (r.prefilled + chunk / 2)
-        dt = (
-            p.c_ms + p.b_ms * prefill_tokens + p.d_ms * decoding + p.e_ms * self.context / 1000.0 + p.f_ms * attention
-        ) / 1000.0
+        dt = p.step_ms(prefill_tokens, decoding, self.context, attention) / 1000.0
         self.clock += dt
         self.busy_s += dt
         self.steps += 1
@@ -377,7 +375,7 @@ class SimReplica:
         """Advance a run of identical decode-only steps in one go."""
         p = self.profile
         d = self.decoding
-        free = p.kv_tokens - self.kv_used
+        free = p.kv_tokens - (self.context + self.prefill_kv)  # kv_used, inlined: every decode run
         if free < d:
             self._mixed_step()  # preempts first
             return
@@ -386,9 +384,9 @@ class SimReplica:
             heapq.heappop(self._heap)
         if self._heap:
             n = min(n, self._heap[0][0] - self.step_no)
-        # step j lasts a + b*j ms (context grows by d per step); steps until the clock passes `limit`
-        a = p.c_ms + p.d_ms * d + p.e_ms * self.context / 1000.0
-        b = p.e_ms * d / 1000.0
+        # step j lasts a + b*j ms (the context grows by d tokens per step); steps until the clock passes `limit`
+        a = p.step_ms(0, d, self.context)
+        b = p.context_ms(d)
         budget_ms = max(0.0, (limit - self.clock) * 1000.0)
         if b > 0:
             n_time = math.ceil((-(2 * a - b) + math.sqrt((2 * a - b) ** 2 + 8 * b * budget_ms)) / (2 * b))
