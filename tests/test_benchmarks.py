@@ -36,7 +36,13 @@ def test_the_quick_runner_measures_every_row_against_its_reference(tmp_path: Pat
     result = json.loads(out.read_text())
     rows = {row["measure"].split(",")[0]: row for row in result["table"]}
     assert {"CPU per scrape", "one cycle of 100 replicas", "GetMetrics", "parse", "reaction"} <= set(rows), rows
-    assert "MISSED" in got.stdout or "yes" in got.stdout  # the table is printed
+    # the table is printed: a line per row, ending with the verdict the JSON holds for it (which goals a
+    # shared machine meets varies, so the verdicts themselves are not asserted)
+    lines = got.stdout.splitlines()
+    for row in result["table"]:
+        verdict = {True: "yes", False: "MISSED", None: "-"}[row["met"]]
+        printed = [line for line in lines if line.startswith(row["measure"][:50])]
+        assert len(printed) == 1 and printed[0].endswith(f" | {verdict}"), (row, printed)
     s = result["scrape"]
     # both scraped the same fleet, counted by nginx: about one scrape per replica per interval each
     expected = s["replicas"] * s["prometheus"]["seconds"] / s["interval_s"]
