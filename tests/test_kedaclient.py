@@ -50,11 +50,12 @@ def test_kedaclient_gets_the_right_answers() -> None:
         for service in ("", "liveness", "readiness"):
             health = kedaclient(s.address, "health", "", "-health-service", service)[0]
             assert health["status"] == "SERVING"
+        fleet[0].set(delay_s=3.0)  # from now on its scrapes take the whole 1 s scrapeTimeout
         load = kedaclient(s.address, "load", meta, "-c", "16", "-d", "2s")[-1]
         assert load["errors"] == 0 and load["calls"] > 100
-        # answered from memory, never waiting on a scrape (which may take the 2 s scrapeTimeout): a budget a
-        # loaded, shared 2-core machine meets with room (the product's 100 ms p99 is measured in the soak)
-        assert float(load["p99_ms"]) < 500  # type: ignore[arg-type]
+        # answered from memory, never waiting on a scrape: a call that waited on the held replica would take
+        # its 1 s scrapeTimeout, the budget here (the product's 100 ms p99 is measured in the soak)
+        assert float(load["p99_ms"]) < 1000  # type: ignore[arg-type]
 
 
 def test_kedaclient_sees_unavailable_for_a_dead_fleet() -> None:

@@ -283,7 +283,9 @@ async def test_c14_deadlines(channel: grpc.aio.Channel) -> None:
         keda = KedaEmulator(channel, "llm", "serving", meta(r.url))
         await keda.poll()
         obs = await keda.hpa()
-        assert obs.elapsed_s < 1.0  # warm: answered from memory; generous (the scrape interval is 0.5 s)
+        # the checklist's C14 (KEDA-EXTERNAL-SCALER.md): under the adapter's 3 s deadline, GetMetricSpec +
+        # GetMetrics + IsActive complete in < 1 s total; a warm target answers them from memory
+        assert obs.elapsed_s < 1.0
     # A brand-new target whose replica hangs, called with a 50 ms deadline: a prompt non-OK answer.
     hung = Replica(AT_TARGET)
     try:
@@ -418,7 +420,7 @@ async def test_c20_c21_many_streams_release_on_cancel(scaler: ScalerServer, chan
             start = time.perf_counter()
             await keda.stub.GetMetrics(req)
             times.append(time.perf_counter() - start)
-        assert sorted(times)[49] < 0.1
+        assert sorted(times)[49] < 0.1  # C21: unary calls still meet C12's p99 < 100 ms with 200 streams open
         for c in calls:
             c.cancel()
         await eventually(lambda: _true(target.holders == 0), 1.0)  # C20: released within 1 s
