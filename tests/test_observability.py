@@ -115,7 +115,7 @@ tests:
         values: '0 0.5x15'
       - series: 'llm_scaler_ttft_p95_seconds{labels}'
         values: '0.3x15'
-      - series: 'llm_scaler_build_info{{version="0.1.0"}}'
+      - series: 'llm_scaler_build_info{{version="0.2.0"}}'
         values: '1x15'
       - series: 'llm_scaler_composite{labels}'
         values: '16x20'
