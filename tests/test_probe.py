@@ -179,7 +179,7 @@ def test_stream_reads_then_cancels_cleanly(setup: Setup) -> None:
     assert code == 0, report
     assert report["stream"] == {"received": [True], "ended": "messages"} and report["active"] is True
     # For a duration: the current state once, then nothing while it stays active (no `true` spam).
-    code, report = setup.probe_json("--op", "stream", "--stream-for", "0.5")
+    code, report = setup.probe_json("--op", "stream", "--stream-for", "1.5")
     assert code == 0, report
     assert report["stream"] == {"received": [True], "ended": "duration"}
     human = setup.probe("--op", "stream")
