@@ -63,6 +63,14 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "scaler server and a KEDA+HPA emulator calling it over gRPC, replaying a "
         "bundled trace about 12x faster than real time. Writes a summary and a PNG.",
     )
+    probe = sub.add_parser(
+        "probe",
+        help="call a running scaler as KEDA does (spec, metrics, active, stream) and explain its answer",
+    )
+    if command == "probe":  # gRPC and httpx clients: loaded only for this command
+        from keda_llm_scaler.probe import add_probe_arguments
+
+        add_probe_arguments(probe)
     # The simulator is imported only for its own commands: `serve` and `inspect` never load it.
     if command == "replay":
         from keda_llm_scaler.sim.replay import add_replay_arguments
@@ -184,6 +192,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             _print_human(report)
         return 0
+
+    if args.command == "probe":
+        from keda_llm_scaler.probe import probe_main
+
+        return probe_main(args)
 
     if args.command in ("demo", "replay"):
         try:

@@ -8,6 +8,7 @@ ignored; likely mistakes get a hint in the log.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import ipaddress
 import math
 import re
@@ -154,6 +155,12 @@ class TriggerConfig:
             self.stale_after,
             self.workload_class,
         )
+
+    @property
+    def target_id(self) -> str:
+        """The ``target`` label on the scaler's own metrics: stable across processes (unlike hash()), so a
+        client that parses the same metadata (``keda-llm-scaler probe``) finds its target's series."""
+        return hashlib.sha256(repr(self.key).encode()).hexdigest()[:8]
 
     @property
     def fleet_key(self) -> tuple[object, ...]:
