@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, default=0)
     args = parser.parse_args(argv)
     config = json.loads(args.config)
-    from keda_llm_scaler.telemetry import configure_logging
+    from keda_llm_scaler.logs import configure_logging
 
     configure_logging(config.get("log_level", "info"), config.get("log_json"))
     structlog.contextvars.bind_contextvars(scrape_worker=args.index)
