@@ -15,10 +15,11 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-from keda_llm_scaler.deletion_cost import RankingScope, VictimRanker, parse_scope
+from keda_llm_scaler.deletion_cost import VictimRanker
 from keda_llm_scaler.fleet import FRESH, ReplicaReport
 from keda_llm_scaler.kube import KubeClient, KubeConfig
 from keda_llm_scaler.membership import READY, Member, Membership
+from keda_llm_scaler.ranking_scope import RankingScope, parse_scope
 from keda_llm_scaler.server import ScalerServer
 from keda_llm_scaler.signals import EngineSignals, ReplicaSignals
 from keda_llm_scaler.sim.keda import KedaEmulator
