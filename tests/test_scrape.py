@@ -10,9 +10,9 @@ import pytest
 
 from keda_llm_scaler.addresses import AddressPolicy
 from keda_llm_scaler.scrape import Scraper
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import Replica, dead_port, replicas
 from keda_llm_scaler.workers import ScrapeWorkers
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica, dead_port, replicas
 
 GOOD = vllm_v1([EngineLoad(2, 10, 0.5)])
 

@@ -24,6 +24,9 @@ from keda_llm_scaler.server import ScalerServer
 from keda_llm_scaler.signals import EngineSignals, ReplicaSignals
 from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import Replica, unused_port
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 from keda_llm_scaler.victims import (
     ANNOTATION,
     IDLE_COST,
@@ -37,9 +40,6 @@ from keda_llm_scaler.victims import (
     plan,
     scale_down_plausible,
 )
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica, unused_port
-from tests.scalerproc import channel_to, running_scaler
 from tests.test_server_keda import eventually
 
 FAST = {"scrapeInterval": "0.5", "scrapeTimeout": "0.4", "staleAfter": "1.5"}
