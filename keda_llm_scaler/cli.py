@@ -213,8 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"keda-llm-scaler {args.command}: plots need matplotlib; {SIM_EXTRA_HINT}", file=sys.stderr)
             return 2
 
+    from keda_llm_scaler.logs import configure_logging
     from keda_llm_scaler.server import run
-    from keda_llm_scaler.telemetry import configure_logging
 
     try:
         settings = settings_from(args)

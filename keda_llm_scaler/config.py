@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from keda_llm_scaler.addresses import AddressPolicy, parse_networks
-from keda_llm_scaler.deletion_cost import parse_scope
+from keda_llm_scaler.ranking_scope import parse_scope
 
 __all__ = [
     "ENV_PREFIX",

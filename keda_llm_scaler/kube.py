@@ -33,9 +33,7 @@ from typing import Any, Final
 
 import httpx
 
-from keda_llm_scaler.membership import pod_key
-
-__all__ = ["KubeClient", "KubeConfig", "KubeError", "PatchResult", "label_selector"]
+__all__ = ["KubeClient", "KubeConfig", "KubeError", "PatchResult", "label_selector", "object_key"]
 
 SA_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REFRESH_S: Final = 60.0
@@ -434,8 +432,20 @@ class KubeClient:
         await self._watch_http.aclose()
 
 
+def object_key(meta: Mapping[str, Any], namespace: str = "") -> str | None:
+    """An object's identity from its metadata (or an object reference, such as an endpoint's ``targetRef``):
+    its UID, else namespace/name (``namespace`` when the metadata names none); None without either."""
+    uid = meta.get("uid")
+    if isinstance(uid, str) and uid:
+        return uid
+    name = meta.get("name")
+    if isinstance(name, str) and name:
+        return f"{meta.get('namespace') or namespace}/{name}"
+    return None
+
+
 def _object_key(obj: dict[str, Any]) -> str | None:
-    return pod_key(obj.get("metadata") or {})  # UID, else namespace/name: any object, not only pods
+    return object_key(obj.get("metadata") or {})  # UID, else namespace/name: any object, not only pods
 
 
 class Informer:

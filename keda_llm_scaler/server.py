@@ -21,9 +21,10 @@ from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_llm_scaler.addresses import set_policy
 from keda_llm_scaler.config import Settings, address_policy, describe
-from keda_llm_scaler.deletion_cost import VictimRanker, parse_scope
+from keda_llm_scaler.deletion_cost import VictimRanker
 from keda_llm_scaler.kube import KubeClient, KubeConfig, KubeError
 from keda_llm_scaler.loops import ScrapeLoop
+from keda_llm_scaler.ranking_scope import parse_scope
 from keda_llm_scaler.registry import TargetRegistry
 from keda_llm_scaler.request_limit import MAX_REQUEST_BYTES, RequestLimitInterceptor
 from keda_llm_scaler.scrape import Scraper

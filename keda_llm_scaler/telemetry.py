@@ -1,6 +1,5 @@
-"""The scaler's own logs and metrics.
+"""The scaler's own metrics (its logs: keda_llm_scaler.logs).
 
-Logs: structlog, JSON lines on stdout (console rendering on a TTY), configured once at start.
 Metrics: a private CollectorRegistry. Per-target values are read from the latest snapshots at
 scrape time by a custom collector, so an evicted target or a replica that left leaves no stale series.
 """
@@ -8,13 +7,10 @@ scrape time by a custom collector, so an evicted target or a replica that left l
 from __future__ import annotations
 
 import contextlib
-import logging
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Final
 
-import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -31,34 +27,10 @@ from keda_llm_scaler.target import Target
 if TYPE_CHECKING:
     from keda_llm_scaler.workers import ScrapeWorkers
 
-__all__ = ["ScalerMetrics", "configure_logging"]
+__all__ = ["ScalerMetrics"]
 
 VERSION: Final = __version__
 _TARGET_LABELS: Final = ("namespace", "scaledobject", "target")
-
-
-def configure_logging(level: str = "info", json: bool | None = None) -> None:
-    """Configure structlog (and stdlib logging from grpc/httpx) once, at process start."""
-    if json is None:
-        json = not sys.stdout.isatty()
-    renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
-    )
-    numeric = logging.getLevelNamesMapping()[level.upper()]
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.WriteLoggerFactory(sys.stdout),
-        cache_logger_on_first_use=True,
-    )
-    logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # httpx logs every request at INFO
 
 
 class _TargetCollector(Collector):

@@ -38,7 +38,7 @@ from typing import Any, Final
 import structlog
 
 from keda_llm_scaler.addresses import AddressPolicy, parse_networks, set_policy
-from keda_llm_scaler.scrape import Scraper, ScrapeResult
+from keda_llm_scaler.scrape import Fetcher, ScrapeResult
 
 __all__ = ["WORKER_FAILED", "ScrapeWorkers", "available_cpus", "worker_count"]
 
@@ -104,7 +104,8 @@ class _Worker:
 
 
 class ScrapeWorkers:
-    """The scaler side: start ``count`` workers, hand each scrape to its URL's worker, restart the dead."""
+    """The scaler side: start ``count`` workers, hand each scrape to its URL's worker, restart the dead. A
+    ``keda_llm_scaler.scrape.RemoteFetcher``: the scaler's Scraper takes the slots, then hands a scrape here."""
 
     def __init__(
         self,
@@ -259,16 +260,14 @@ async def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
             allow=parse_networks(",".join(config["allow"]), "allow"),
         )
     )
-    # the slots are the scaler's (fleet, namespace, process); the worker runs what it is handed
-    scraper = Scraper(
-        max_bytes=config["max_bytes"], max_concurrency=1 << 20, keepalive_budget=config["keepalive_budget"]
-    )
+    # the slots are the scaler's (fleet, namespace, process: its Scraper); the worker fetches what it is handed
+    fetcher = Fetcher(max_bytes=config["max_bytes"], keepalive_budget=config["keepalive_budget"])
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     tasks: set[asyncio.Task[None]] = set()
 
     async def run(request_id: int, url: str, timeout: float, engine: str, model: str | None) -> None:
         try:
-            result = await scraper.fetch_and_read(url, timeout, engine, model)
+            result = await fetcher.fetch_and_read(url, timeout, engine, model)
         except Exception as exc:  # a bug here must fail one scrape, not the worker
             log.exception("scrape_worker_request_crashed")
             result = ScrapeResult(url, None, WORKER_FAILED, f"{type(exc).__name__} in the scrape worker", 0.0, 0)
@@ -289,7 +288,7 @@ async def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
     finally:
         for task in tasks:
             task.cancel()
-        await scraper.aclose()
+        await fetcher.aclose()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, default=0)
     args = parser.parse_args(argv)
     config = json.loads(args.config)
-    from keda_llm_scaler.telemetry import configure_logging
+    from keda_llm_scaler.logs import configure_logging
 
     configure_logging(config.get("log_level", "info"), config.get("log_json"))
     structlog.contextvars.bind_contextvars(scrape_worker=args.index)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from keda_llm_scaler import __version__
+from keda_llm_scaler.testing.payloads import EngineLoad, sglang, vllm_v1
+from keda_llm_scaler.testing.replicas import dead_port, replicas
+from keda_llm_scaler.testing.serveproc import serve
 from tests.conftest import METRICS
-from tests.payloads import EngineLoad, sglang, vllm_v1
-from tests.replicas import dead_port, replicas
-from tests.serveproc import serve
 
 EXE = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
 

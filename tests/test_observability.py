@@ -22,9 +22,9 @@ import yaml
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_llm_scaler.sim.keda import KedaEmulator
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import replicas
-from tests.scalerproc import channel_to, running_scaler
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import replicas
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 from tests.test_chart import ALL_ON, ROOT, by_kind, render
 
 PROMTOOL = shutil.which("promtool")

@@ -8,9 +8,9 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from keda_llm_scaler.sim.keda import KedaEmulator
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import dead_port, replicas
-from tests.scalerproc import channel_to, running_scaler
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import dead_port, replicas
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 
 FAST = {"scrapeInterval": "0.5", "scrapeTimeout": "0.4", "staleAfter": "1.5"}
 

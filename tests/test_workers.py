@@ -18,10 +18,10 @@ from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_llm_scaler.addresses import AddressPolicy, parse_networks
 from keda_llm_scaler.config import Settings
 from keda_llm_scaler.scrape import Scraper
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import replicas
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 from keda_llm_scaler.workers import WORKER_FAILED, ScrapeWorkers, available_cpus, worker_count
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import replicas
-from tests.scalerproc import channel_to, running_scaler
 
 PAYLOADS = [vllm_v1([EngineLoad(w, 10 + w, 0.1 * (w + 1))]) for w in range(4)]
 

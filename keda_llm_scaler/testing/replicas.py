@@ -96,7 +96,7 @@ class Replica:
         self._thread.start()
 
     def set(self, **changes: object) -> None:
-        self.behaviour = Behaviour(**{**self.behaviour.__dict__, **changes})  # type: ignore[arg-type]
+        self.behaviour = Behaviour(**{**self.behaviour.__dict__, **changes})
 
     def close(self) -> None:
         self._server.shutdown()
