@@ -28,9 +28,9 @@ from keda_llm_scaler.probe import (
     parse_metadata,
     split_address,
 )
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica, dead_port, replicas
-from tests.serveproc import ServeProcess, serve
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import Replica, dead_port, replicas
+from keda_llm_scaler.testing.serveproc import ServeProcess, serve
 
 EXE = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
 FAST = ("scrapeInterval=0.5", "scrapeTimeout=0.4")
