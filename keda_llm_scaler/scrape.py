@@ -32,6 +32,7 @@ import aiohttp
 import httpx  # only for its TLS defaults (certifi), as the scrape client had them before
 import yarl
 
+from keda_llm_scaler import __version__
 from keda_llm_scaler.addresses import GuardedResolver, RefusedAddress, refusal
 from keda_llm_scaler.engines import read_replica
 from keda_llm_scaler.errors import ReplicaError
@@ -41,7 +42,7 @@ from keda_llm_scaler.signals import ReplicaSignals
 __all__ = ["DEFAULT_MAX_BYTES", "Fetcher", "RemoteFetcher", "ScrapeResult", "Scraper"]
 
 DEFAULT_MAX_BYTES: Final = 8 * 1024 * 1024  # a DP=8 vLLM pod serves ~0.36 MB; 20x headroom
-USER_AGENT: Final = "keda-llm-scaler/0.1"
+USER_AGENT: Final = f"keda-llm-scaler/{__version__}"  # the package metadata: one version source
 PER_FLEET_CONCURRENCY: Final = 16  # at most this many of one fleet's scrapes in flight...
 PER_FLEET_SHARE: Final = 0.25  # ...and at most this share of the process-wide slots (16 of the default 64)
 PER_NAMESPACE_SHARE: Final = 0.5  # all fleets of one namespace (tenant) together: half the process's slots

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from keda_llm_scaler import __version__
 from keda_llm_scaler.addresses import AddressPolicy
 from keda_llm_scaler.scrape import Scraper
 from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
@@ -36,6 +37,13 @@ async def test_good_replica(scraper: Scraper) -> None:
     assert (res.signals.waiting, res.signals.running, res.signals.kv_usage) == (2, 10, 0.5)
     assert res.size > 0
 
+
+
+async def test_scrapes_say_which_release_is_asking(scraper: Scraper) -> None:
+    # one version source: the package metadata (pyproject.toml), as --version and llm_scaler_build_info
+    with replicas(GOOD) as (r,):
+        await scraper.scrape(r.url + "/metrics", timeout=2, engine="auto", model=None)
+    assert r.user_agent == f"keda-llm-scaler/{__version__}" and __version__ != "0+unknown"
 
 @pytest.mark.parametrize(
     ("behaviour", "reason"),
