@@ -38,12 +38,12 @@ async def test_good_replica(scraper: Scraper) -> None:
     assert res.size > 0
 
 
-
 async def test_scrapes_say_which_release_is_asking(scraper: Scraper) -> None:
     # one version source: the package metadata (pyproject.toml), as --version and llm_scaler_build_info
     with replicas(GOOD) as (r,):
         await scraper.scrape(r.url + "/metrics", timeout=2, engine="auto", model=None)
     assert r.user_agent == f"keda-llm-scaler/{__version__}" and __version__ != "0+unknown"
+
 
 @pytest.mark.parametrize(
     ("behaviour", "reason"),
