@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from keda_llm_scaler import __version__
 from keda_llm_scaler.config import add_serve_arguments, settings_from
@@ -24,8 +24,15 @@ from keda_llm_scaler.signals import ReplicaSignals, histogram_quantile
 __all__ = ["main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line (argparse prints the whole usage first: 25 lines for serve)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="keda-llm-scaler",
         description="KEDA external scaler for vLLM/SGLang fleets (waiting queue, KV-cache pressure, rejects).",
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -22,6 +23,27 @@ EXE = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
 
 def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([EXE, *args], capture_output=True, text=True, input=stdin, timeout=60)
+
+
+def python_m(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m keda_llm_scaler ARGS``, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "keda_llm_scaler", *args], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
+
+
+# What must never reach a user's terminal: Python's and asyncio's noise, and gRPC C-core's own log lines
+# ("E1203 14:11:16.747806   17935 add_port.cc:83] ...").
+NOISE = ("Traceback", "Task was destroyed", "Event loop is closed", "never awaited")
+C_CORE_LINE = re.compile(r"^[EWIF]\d{4} \d", re.M)
+
+
+def one_line(stderr: str) -> str:
+    """The single line a bad setting prints on stderr, after checking that nothing else came with it."""
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, stderr
+    assert not any(n in stderr for n in NOISE) and not C_CORE_LINE.search(stderr), stderr
+    return lines[0]
 
 
 def test_inspect_file_json_with_data_parallel_engines() -> None:
@@ -144,3 +166,55 @@ def test_version() -> None:
 def test_inspect_refuses_a_zero_queue_depth() -> None:
     out = run("inspect", str(METRICS / "vllm_v1_reconstructed_latest_1engine.txt"), "--target-queue-depth", "0")
     assert out.returncode == 2 and "--target-queue-depth" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        ([], {}, False),
+        (["--allow-cross-namespace"], {}, True),
+        (["--allow-cross-namespace", "--log-level", "debug"], {}, True),  # a bare flag takes no next option
+        (["--no-allow-cross-namespace"], {"LLM_SCALER_ALLOW_CROSS_NAMESPACE": "true"}, False),  # flags win
+        ([], {"LLM_SCALER_ALLOW_CROSS_NAMESPACE": "true"}, True),
+        ([], {"LLM_SCALER_ALLOW_CROSS_NAMESPACE": "0"}, False),
+        (["--allow-cross-namespace", "false"], {}, False),  # the value forms of earlier releases
+        (["--allow-cross-namespace=true"], {}, True),
+        (["--allow-cross-namespace=0"], {"LLM_SCALER_ALLOW_CROSS_NAMESPACE": "1"}, False),
+    ],
+)
+def test_boolean_flags_bare_negated_with_a_value_and_from_the_environment(
+    argv: list[str], env: dict[str, str], expected: bool
+) -> None:
+    from keda_llm_scaler.cli import _build_parser
+    from keda_llm_scaler.config import settings_from
+
+    args = _build_parser("serve").parse_args(["serve", *argv])
+    assert settings_from(args, env).allow_cross_namespace is expected
+
+
+def test_every_boolean_setting_has_a_bare_and_a_no_flag() -> None:
+    from dataclasses import fields
+
+    from keda_llm_scaler.cli import _build_parser
+    from keda_llm_scaler.config import Settings, settings_from
+
+    bools = [f.name for f in fields(Settings) if "bool" in str(f.type)]
+    assert "allow_cross_namespace" in bools and "log_json" in bools
+    parser = _build_parser("serve")
+    for name in bools:
+        flag = "--" + name.replace("_", "-")
+        assert getattr(settings_from(parser.parse_args(["serve", flag]), {}), name) is True
+        negated = parser.parse_args(["serve", "--no-" + flag.removeprefix("--")])
+        assert getattr(settings_from(negated, {}), name) is False
+
+
+def test_serve_takes_a_bare_boolean_flag_and_refuses_a_bad_value() -> None:
+    with serve("--allow-cross-namespace", "--log-json") as s:
+        pass
+    assert s.proc.returncode == 0
+    started = next(json.loads(ln) for ln in s.log().splitlines() if '"scaler_started"' in ln)  # --log-json: JSON
+    assert started["settings"]["allow_cross_namespace"] == "True"
+    out = python_m("serve", "--allow-cross-namespace", "maybe")
+    assert out.returncode == 2
+    line = one_line(out.stderr)
+    assert "--allow-cross-namespace" in line and "'maybe' is not a boolean" in line
