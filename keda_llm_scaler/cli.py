@@ -220,7 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         asyncio.run(run(settings))
-    except (OSError, KubeError) as exc:
+    except KubeError as exc:  # a setting the server cannot start with (a kubeconfig)
+        print(f"keda-llm-scaler serve: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
         print(f"keda-llm-scaler serve: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -169,6 +169,29 @@ def test_inspect_refuses_a_zero_queue_depth() -> None:
 
 
 @pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ("- just\n- a list\n", "not a kubeconfig (a YAML mapping with clusters, contexts and users) but a YAML list"),
+        ("a plain string\n", "but a YAML string"),
+        ("clusters: [\n  {name: c,\n", "not valid YAML at line 3, column 1"),
+        ("contexts: 5\ncurrent-context: x\n", "contexts is not a list"),
+        (None, "No such file or directory"),
+    ],
+)
+def test_serve_with_a_bad_kubeconfig_is_one_line_naming_the_file(
+    tmp_path: Path, content: str | None, says: str
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    if content is not None:
+        kubeconfig.write_text(content)
+    out = python_m("serve", "--host", "127.0.0.1", "--grpc-port", "0", "--metrics-port", "0", "--kubeconfig",
+                   str(kubeconfig))  # fmt: skip
+    assert out.returncode == 2
+    line = one_line(out.stderr)
+    assert line.startswith(f"keda-llm-scaler serve: --kubeconfig {kubeconfig}: ") and says in line, line
+
+
+@pytest.mark.parametrize(
     ("argv", "env", "expected"),
     [
         ([], {}, False),
