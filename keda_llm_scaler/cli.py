@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"keda-llm-scaler {args.command}: plots need matplotlib; {SIM_EXTRA_HINT}", file=sys.stderr)
             return 2
 
-    from keda_llm_scaler.server import run
+    from keda_llm_scaler.server import BindError, run
     from keda_llm_scaler.telemetry import configure_logging
 
     try:
@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         asyncio.run(run(settings))
-    except KubeError as exc:  # a setting the server cannot start with (a kubeconfig)
+    except (BindError, KubeError) as exc:  # a setting the server cannot start with (a port, a kubeconfig)
         print(f"keda-llm-scaler serve: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

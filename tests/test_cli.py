@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,15 @@ def one_line(stderr: str) -> str:
     assert len(lines) == 1, stderr
     assert not any(n in stderr for n in NOISE) and not C_CORE_LINE.search(stderr), stderr
     return lines[0]
+
+
+@pytest.fixture
+def listening() -> Iterator[int]:
+    """A loopback port somebody else listens on (plain bind, no SO_REUSEADDR: as most servers)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
 
 
 def test_inspect_file_json_with_data_parallel_engines() -> None:
@@ -155,7 +166,9 @@ def test_a_second_serve_on_a_busy_port_refuses_to_start() -> None:
             text=True,
             timeout=30,
         )
-    assert out.returncode == 1 and "could not listen" in out.stderr  # not a silent shared SO_REUSEPORT
+    assert out.returncode == 2  # not a silent shared SO_REUSEPORT
+    line = one_line(out.stderr)
+    assert f"--grpc-port {first.grpc_port}" in line and "in use" in line
 
 
 def test_version() -> None:
@@ -166,6 +179,18 @@ def test_version() -> None:
 def test_inspect_refuses_a_zero_queue_depth() -> None:
     out = run("inspect", str(METRICS / "vllm_v1_reconstructed_latest_1engine.txt"), "--target-queue-depth", "0")
     assert out.returncode == 2 and "--target-queue-depth" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("flag", ["--grpc-port", "--metrics-port"])
+def test_serve_on_a_port_in_use_is_one_line_naming_the_flag(listening: int, flag: str) -> None:
+    ports = {"--grpc-port": "0", "--metrics-port": "0", flag: str(listening)}
+    out = python_m("serve", "--host", "127.0.0.1", *(x for kv in ports.items() for x in kv))
+    assert out.returncode == 2
+    line = one_line(out.stderr)
+    assert line == (
+        f"keda-llm-scaler serve: {flag} {listening}: 127.0.0.1:{listening} is already in use (another process "
+        "listens there); stop it or choose another port"
+    )
 
 
 @pytest.mark.parametrize(
