@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from keda_llm_scaler import __version__
-from keda_llm_scaler.config import add_serve_arguments, settings_from
-from keda_llm_scaler.demand import kv_utilization
-from keda_llm_scaler.engines import ENGINE_CHOICES, read_replica
-from keda_llm_scaler.errors import BadMetadata, ReplicaError
-from keda_llm_scaler.metadata import DEFAULTS, endpoint_urls
-from keda_llm_scaler.policy import ReplicaInput, ScoringParams, score_replica
-from keda_llm_scaler.promtext import TextFormatError
-from keda_llm_scaler.scrape import Scraper
-from keda_llm_scaler.signals import ReplicaSignals, histogram_quantile
+
+# Only the standard library is imported before main() runs: a Ctrl-C during the imports of the server
+# (grpc, aiohttp: a few hundred ms) must reach main()'s handler, not print a traceback from an import.
+if TYPE_CHECKING:
+    from keda_llm_scaler.policy import ScoringParams
+    from keda_llm_scaler.signals import ReplicaSignals
 
 __all__ = ["main"]
 
@@ -32,6 +30,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    from keda_llm_scaler.config import add_serve_arguments
+    from keda_llm_scaler.engines import ENGINE_CHOICES
+    from keda_llm_scaler.metadata import DEFAULTS
+
     parser = _Parser(
         prog="keda-llm-scaler",
         description="KEDA external scaler for vLLM/SGLang fleets (waiting queue, KV-cache pressure, rejects).",
@@ -87,6 +89,10 @@ class InspectError(Exception):
 
 
 async def _fetch_signals(target: str, engine: str, model: str | None, timeout: float) -> ReplicaSignals:
+    from keda_llm_scaler.errors import BadMetadata
+    from keda_llm_scaler.metadata import DEFAULTS, endpoint_urls
+    from keda_llm_scaler.scrape import Scraper
+
     try:
         (url,) = endpoint_urls(target, str(DEFAULTS["metricsPath"]))
     except BadMetadata as exc:
@@ -102,6 +108,12 @@ async def _fetch_signals(target: str, engine: str, model: str | None, timeout: f
 
 
 def _read_signals(args: argparse.Namespace) -> tuple[str, ReplicaSignals]:
+    import asyncio
+
+    from keda_llm_scaler.engines import read_replica
+    from keda_llm_scaler.errors import ReplicaError
+    from keda_llm_scaler.promtext import TextFormatError
+
     target: str = args.target
     if "://" in target:
         return target, asyncio.run(_fetch_signals(target, args.engine, args.model, args.timeout))
@@ -116,6 +128,10 @@ def _read_signals(args: argparse.Namespace) -> tuple[str, ReplicaSignals]:
 
 
 def _report(source: str, s: ReplicaSignals, params: ScoringParams) -> dict[str, Any]:
+    from keda_llm_scaler.demand import kv_utilization
+    from keda_llm_scaler.policy import ReplicaInput, score_replica
+    from keda_llm_scaler.signals import histogram_quantile
+
     engines = tuple((e.waiting, e.running) for e in s.engines) if len(s.engines) > 1 else ()
     score = score_replica(
         ReplicaInput(
@@ -167,14 +183,37 @@ def _command(argv: Sequence[str]) -> str | None:
 SIM_EXTRA_HINT = "the simulator needs its extra: pip install 'keda-llm-scaler[sim]'"
 
 
+def _stop_starting(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # SIGTERM before serve's event loop takes it over: as Ctrl-C, a quiet stop
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if _command(argv) != "serve":
+        return _main(argv)
+    # A stop asked while serve starts (imports, settings, binding; ~2 s) is a stop, not an error: no
+    # traceback, exit 0. From run() on, the event loop takes both signals (keda_llm_scaler/server.py).
+    signal.signal(signal.SIGTERM, _stop_starting)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        # Exiting: the event loop has given the signals back to their defaults, and a late Ctrl-C or
+        # SIGTERM must not print a traceback or kill the process while it exits.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _main(argv: list[str]) -> int:
     try:
         args = _build_parser(_command(argv)).parse_args(argv)
     except ModuleNotFoundError as exc:
         print(f"keda-llm-scaler: {exc}; {SIM_EXTRA_HINT}", file=sys.stderr)
         return 2
     if args.command == "inspect":
+        from keda_llm_scaler.policy import ScoringParams
+
         try:
             if not 0 < args.target_kv_usage <= 1:
                 raise InspectError(f"--target-kv-usage {args.target_kv_usage:g}: accepted: a number in (0, 1]")
@@ -207,6 +246,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"keda-llm-scaler {args.command}: plots need matplotlib; {SIM_EXTRA_HINT}", file=sys.stderr)
             return 2
 
+    return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from keda_llm_scaler.config import settings_from
+    from keda_llm_scaler.kube import KubeError
     from keda_llm_scaler.server import BindError, run
     from keda_llm_scaler.telemetry import configure_logging
 
@@ -216,8 +263,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"keda-llm-scaler serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_json)
-    from keda_llm_scaler.kube import KubeError
-
     try:
         asyncio.run(run(settings))
     except (BindError, KubeError) as exc:  # a setting the server cannot start with (a port, a kubeconfig)

@@ -345,14 +345,19 @@ SWITCH_INTERVAL_S = 0.001
 
 
 async def run(settings: Settings) -> None:
-    server = ScalerServer(settings)
-    await server.start()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    # The signals are taken first: a Ctrl-C or SIGTERM during start-up (workers starting, ports binding)
+    # then waits for start() to finish and stops the server as at any other time, instead of breaking
+    # start() halfway with its threads, workers and sockets open.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.stop()
+    server = ScalerServer(settings)
+    await server.start()
+    try:
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        await stop.wait()
+    finally:
+        await server.stop()

@@ -151,6 +151,9 @@ class ScrapeWorkers:
                  "--config", json.dumps(self.config), "--index", str(worker.index)],
                 pass_fds=(child.fileno(),),
                 stdin=subprocess.DEVNULL,
+                # its own process group: a Ctrl-C in the terminal (sent to the whole group) is for the scaler,
+                # which stops its workers itself; a worker hit by it would die mid-import with a traceback
+                process_group=0,
             )  # fmt: skip
         finally:
             child.close()

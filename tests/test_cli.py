@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +19,8 @@ import pytest
 from keda_llm_scaler import __version__
 from tests.conftest import METRICS
 from tests.payloads import EngineLoad, sglang, vllm_v1
-from tests.replicas import dead_port, replicas
-from tests.serveproc import serve
+from tests.replicas import dead_port, replicas, unused_port
+from tests.serveproc import _wait_healthy, serve
 
 EXE = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
 
@@ -266,3 +268,73 @@ def test_serve_takes_a_bare_boolean_flag_and_refuses_a_bad_value() -> None:
     assert out.returncode == 2
     line = one_line(out.stderr)
     assert "--allow-cross-namespace" in line and "'maybe' is not a boolean" in line
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether the process has its own handler for ``sig`` (Linux: SigCgt in /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(ln.split()[1], 16) for ln in status.splitlines() if ln.startswith("SigCgt:"))
+    return bool(mask >> (sig - 1) & 1)
+
+
+def _has_children(pid: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[1] == str(pid):  # field 4: the parent's pid
+                return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads signal dispositions from /proc")
+@pytest.mark.parametrize(
+    ("sig", "when"),
+    [
+        ("SIGINT", "main"),  # as soon as serve's main() holds the signals: imports still to come
+        ("SIGINT", "main+0.3s"),  # importing grpc, binding, starting workers
+        ("SIGINT", "workers"),  # its scrape workers are starting (importing: the moment they are most fragile)
+        ("SIGINT", "ready"),
+        ("SIGTERM", "main"),
+        ("SIGTERM", "main+0.3s"),
+    ],
+)
+def test_ctrl_c_and_sigterm_at_any_moment_of_serve_exit_0_quietly(sig: str, when: str) -> None:
+    grpc_port = unused_port()
+    # its own session: the signal goes to the whole process group, as a Ctrl-C in a terminal does
+    proc = subprocess.Popen(
+        [EXE, "serve", "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--metrics-port", str(unused_port())],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not _catches(proc.pid, signal.SIGTERM):  # a budget, not a measurement
+            assert proc.poll() is None and time.monotonic() < deadline, "serve never took over SIGTERM"
+            time.sleep(0.001)
+        if when == "main+0.3s":
+            time.sleep(0.3)
+        elif when == "workers":
+            while not _has_children(proc.pid):
+                assert proc.poll() is None and time.monotonic() < deadline, "serve started no scrape worker"
+                time.sleep(0.001)
+        elif when == "ready":
+            _wait_healthy(f"127.0.0.1:{grpc_port}", 30)
+        os.killpg(proc.pid, signal.Signals[sig])
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert err.strip() == "", err  # logs go to stdout; stderr has nothing to say
+    assert '"level": "error"' not in out, out  # e.g. scrape workers hit by the Ctrl-C, then restarted
+    if when == "main":
+        assert "scaler_started" not in out  # a stop asked before the server started is not a start
+    if when == "ready":
+        assert "scaler_stopped" in out
