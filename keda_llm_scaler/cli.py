@@ -180,7 +180,24 @@ def _command(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-SIM_EXTRA_HINT = "the simulator needs its extra: pip install 'keda-llm-scaler[sim]'"
+SIM_EXTRA_HINT = "pip install 'keda-llm-scaler[sim]'"
+
+
+def _plots_missing(args: argparse.Namespace) -> str | None:
+    """Why this run cannot draw the plots it will be asked for, checked before it simulates for minutes."""
+    if args.command == "demo":
+        needs = "the demo's plot"
+    elif args.command == "replay" and args.plot is not None:
+        needs = "--plot"
+    elif args.command == "replay" and args.sweep:
+        needs = "--sweep's Pareto plot"
+    else:
+        return None  # a replay without --plot or --sweep draws nothing: it runs without matplotlib
+    try:
+        import keda_llm_scaler.sim.plots  # noqa: F401 - the module the run imports when it draws
+    except ModuleNotFoundError as exc:
+        return f"{needs} needs {exc.name}, which is not installed: {SIM_EXTRA_HINT}"
+    return None
 
 
 def _stop_starting(signum: int, frame: FrameType | None) -> None:
@@ -209,7 +226,7 @@ def _main(argv: list[str]) -> int:
     try:
         args = _build_parser(_command(argv)).parse_args(argv)
     except ModuleNotFoundError as exc:
-        print(f"keda-llm-scaler: {exc}; {SIM_EXTRA_HINT}", file=sys.stderr)
+        print(f"keda-llm-scaler: {exc}; the simulator needs its extra: {SIM_EXTRA_HINT}", file=sys.stderr)
         return 2
     if args.command == "inspect":
         from keda_llm_scaler.policy import ScoringParams
@@ -232,19 +249,16 @@ def _main(argv: list[str]) -> int:
         return 0
 
     if args.command in ("demo", "replay"):
-        try:
-            if args.command == "demo":
-                from keda_llm_scaler.sim.demo import demo_main
-
-                return demo_main(args)
-            from keda_llm_scaler.sim.replay import replay_main
-
-            return replay_main(args)
-        except ModuleNotFoundError as exc:
-            if exc.name != "matplotlib":
-                raise
-            print(f"keda-llm-scaler {args.command}: plots need matplotlib; {SIM_EXTRA_HINT}", file=sys.stderr)
+        if (missing := _plots_missing(args)) is not None:
+            print(f"keda-llm-scaler {args.command}: {missing}", file=sys.stderr)
             return 2
+        if args.command == "demo":
+            from keda_llm_scaler.sim.demo import demo_main
+
+            return demo_main(args)
+        from keda_llm_scaler.sim.replay import replay_main
+
+        return replay_main(args)
 
     return _serve(args)
 

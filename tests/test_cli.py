@@ -338,3 +338,49 @@ def test_ctrl_c_and_sigterm_at_any_moment_of_serve_exit_0_quietly(sig: str, when
         assert "scaler_started" not in out  # a stop asked before the server started is not a start
     if when == "ready":
         assert "scaler_stopped" in out
+
+
+# sys.meta_path's first finder refuses matplotlib: a Python without the `sim` extra's plotting stack
+WITHOUT_MATPLOTLIB = """
+import sys
+class NoMatplotlib:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "matplotlib":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NoMatplotlib())
+from keda_llm_scaler.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def without_matplotlib(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_MATPLOTLIB, *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_demo_without_matplotlib_fails_before_it_simulates(tmp_path: Path) -> None:
+    out = without_matplotlib("demo", "--no-live", "--out-dir", str(tmp_path / "demo"))
+    assert out.returncode == 2
+    line = one_line(out.stderr)
+    assert line == (
+        "keda-llm-scaler demo: the demo's plot needs matplotlib, which is not installed: "
+        "pip install 'keda-llm-scaler[sim]'"
+    )
+    assert out.stdout == "" and not (tmp_path / "demo").exists()  # no fleet ran, nothing was written
+
+
+def test_replay_needs_matplotlib_only_to_plot(tmp_path: Path) -> None:
+    short = ("replay", "--trace", "conv", "--hours", "0:0.05", "--quiet")
+    out = without_matplotlib(*short, "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["requests"] > 0
+    for extra, needs in ((["--plot", str(tmp_path / "run.png")], "--plot"), (["--sweep"], "--sweep's Pareto plot")):
+        out = without_matplotlib(*short, *extra, "--out-dir", str(tmp_path / "sweep"))
+        assert out.returncode == 2
+        assert one_line(out.stderr) == (
+            f"keda-llm-scaler replay: {needs} needs matplotlib, which is not installed: "
+            "pip install 'keda-llm-scaler[sim]'"
+        )
+        assert out.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # it failed before simulating anything
