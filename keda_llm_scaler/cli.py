@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -52,7 +53,9 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="read one replica's /metrics and print its signals",
         description="Read one replica's /metrics (a URL or a file) and print the signals the scaler extracts from it.",
     )
-    inspect.add_argument("target", help="base URL (http://host:8000), /metrics URL, or a file ('-' = stdin)")
+    inspect.add_argument(
+        "target", help="base URL (http://host:8000, or host:port), /metrics URL, or a file ('-' = stdin)"
+    )
     inspect.add_argument("--engine", choices=ENGINE_CHOICES, default="auto")
     inspect.add_argument("--model", default=None, help="only series with this model_name")
     inspect.add_argument("--timeout", type=float, default=5.0, help="seconds, for a URL (default 5)")
@@ -107,6 +110,20 @@ async def _fetch_signals(target: str, engine: str, model: str | None, timeout: f
     return result.signals
 
 
+# host:port[/path] (a name, an IPv4 address or [IPv6]), or an IP address alone: what `inspect` reads as a
+# URL when no file has that name. A bare word (metrics.txt, data/x) stays a file: it is more often a typo.
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][-A-Za-z0-9.]*):[0-9]{1,5}(/\S*)?$")
+_BARE_IP = re.compile(r"^([0-9]{1,3}(\.[0-9]{1,3}){3}|\[[0-9A-Fa-f:.]+\]|localhost)(/\S*)?$")
+
+
+def _as_url(target: str) -> str | None:
+    if "://" in target:
+        return target
+    if target != "-" and not Path(target).exists() and (_HOST_PORT.match(target) or _BARE_IP.match(target)):
+        return f"http://{target}"
+    return None
+
+
 def _read_signals(args: argparse.Namespace) -> tuple[str, ReplicaSignals]:
     import asyncio
 
@@ -115,12 +132,16 @@ def _read_signals(args: argparse.Namespace) -> tuple[str, ReplicaSignals]:
     from keda_llm_scaler.promtext import TextFormatError
 
     target: str = args.target
-    if "://" in target:
-        return target, asyncio.run(_fetch_signals(target, args.engine, args.model, args.timeout))
+    if (url := _as_url(target)) is not None:
+        return url, asyncio.run(_fetch_signals(url, args.engine, args.model, args.timeout))
     try:
         text = sys.stdin.read() if target == "-" else Path(target).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise InspectError(f"cannot read {target}: no such file (for a URL: host:port or http://...)") from None
     except OSError as exc:
         raise InspectError(f"cannot read {target}: {exc.strerror or exc}") from None
+    if not text.strip():
+        raise InspectError(f"{'stdin' if target == '-' else target}: empty input")
     try:
         return target, read_replica(text, args.engine, args.model)
     except (TextFormatError, ReplicaError) as exc:

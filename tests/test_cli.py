@@ -390,3 +390,26 @@ def test_replay_needs_matplotlib_only_to_plot(tmp_path: Path) -> None:
         )
         assert out.stdout == ""
     assert list(tmp_path.iterdir()) == []  # it failed before simulating anything
+
+
+def test_inspect_reads_host_port_as_a_url_unless_such_a_file_exists(tmp_path: Path) -> None:
+    port = dead_port()
+    out = python_m("inspect", f"127.0.0.1:{port}")
+    assert out.returncode == 2
+    assert one_line(out.stderr).startswith(f"keda-llm-scaler inspect: http://127.0.0.1:{port}/metrics: connect_error")
+    with replicas(vllm_v1([EngineLoad(3, 4, 0.5)])) as (r,):
+        out = python_m("inspect", f"127.0.0.1:{r.port}", "--json")
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        assert report["source"] == f"http://127.0.0.1:{r.port}" and report["signals"]["waiting"] == 3
+    (tmp_path / f"127.0.0.1:{port}").write_text(vllm_v1([EngineLoad(5, 1, 0.1)]))  # a file of that name wins
+    out = python_m("inspect", f"127.0.0.1:{port}", "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["signals"]["waiting"] == 5
+
+
+@pytest.mark.parametrize("stdin", ["", "\n  \n"])
+def test_inspect_of_empty_stdin_says_so(stdin: str) -> None:
+    out = run("inspect", "-", stdin=stdin)
+    assert out.returncode == 2
+    assert one_line(out.stderr) == "keda-llm-scaler inspect: stdin: empty input"
