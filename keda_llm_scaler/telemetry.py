@@ -57,6 +57,8 @@ class _TargetCollector(Collector):
             "workloadClass): 1 while the fleet has members in any phase; batch, or no member: composite > "
             "activationThreshold",
         )
+        # fleet signals: absent while no replica has data (never answered, or expired), never a 0 for it;
+        # llm_scaler_replicas{state} and llm_scaler_scrape_errors_total{reason} say why
         waiting = family("waiting_requests", "Requests waiting, summed over replicas with data")
         running = family("running_requests", "Requests running, summed over replicas with data")
         kv = family("kv_usage_ratio", "Mean KV-cache usage (0-1) over replicas with data")
@@ -139,9 +141,9 @@ class _TargetCollector(Collector):
                         capacity.add_metric([*labels, d.capacity_source], d.capacity_rps)
                     startup.add_metric([*labels, d.startup_source], d.startup_s)
             ev = snap.evaluation
-            waiting.add_metric(labels, ev.waiting)
-            running.add_metric(labels, ev.running)
             optional: list[tuple[GaugeMetricFamily, float | None]] = [
+                (waiting, ev.waiting),
+                (running, ev.running),
                 (kv, ev.kv_usage),
                 (rejects, ev.reject_rate),
                 (preempt, ev.preemption_rate),

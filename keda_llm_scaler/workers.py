@@ -152,6 +152,9 @@ class ScrapeWorkers:
                  "--config", json.dumps(self.config), "--index", str(worker.index)],
                 pass_fds=(child.fileno(),),
                 stdin=subprocess.DEVNULL,
+                # its own process group: a Ctrl-C in the terminal (sent to the whole group) is for the scaler,
+                # which stops its workers itself; a worker hit by it would die mid-import with a traceback
+                process_group=0,
             )  # fmt: skip
         finally:
             child.close()
@@ -159,27 +162,33 @@ class ScrapeWorkers:
         worker.writer = writer
         worker.started_at = time.monotonic()
         worker.ready = asyncio.Event()
+        answered = asyncio.Event()  # its hello, or its end
         worker.reader_task = asyncio.get_running_loop().create_task(
-            self._read_results(worker, reader), name=f"scrape-worker-{worker.index}"
+            self._read_results(worker, reader, answered), name=f"scrape-worker-{worker.index}"
         )
-        # its imports take a moment: wait for its hello, so the first scrapes' deadlines do not pay for them
+        # its imports take a moment: wait for its hello, so the first scrapes' deadlines do not pay for them;
+        # a worker that dies first (a Ctrl-C in the moment it was forked) is not waited for: its reader restarts it
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(worker.ready.wait(), READY_WAIT_S)
+            await asyncio.wait_for(answered.wait(), READY_WAIT_S)
         log.info("scrape_worker_started", worker=worker.index, pid=worker.proc.pid, ready=worker.ready.is_set())
 
-    async def _read_results(self, worker: _Worker, reader: asyncio.StreamReader) -> None:
+    async def _read_results(self, worker: _Worker, reader: asyncio.StreamReader, answered: asyncio.Event) -> None:
         try:
             while True:
                 request_id, result = await _read_frame(reader)
                 if request_id == 0:  # the worker's hello: it has imported everything and listens
                     worker.ready.set()
+                    answered.set()
                     continue
                 entry = worker.pending.pop(request_id, None)
                 if entry is not None and not entry[0].done():
                     entry[0].set_result(result)
         except (asyncio.IncompleteReadError, ConnectionError, OSError, ValueError, pickle.UnpicklingError) as exc:
+            answered.set()  # before the restart, which waits for the next worker's hello
             if not self._closing:
                 await self._restart(worker, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        finally:
+            answered.set()
 
     async def _restart(self, worker: _Worker, why: str) -> None:
         """Fail what the worker had in flight, then start it again (after a back-off if it keeps dying)."""

@@ -195,3 +195,16 @@ def test_a_bad_worker_count_is_refused_naming_the_flag(bad: str) -> None:
     with pytest.raises(ValueError, match="--scrape-workers") as err:
         Settings(scrape_workers=bad)
     assert "auto" in str(err.value)
+
+
+async def test_a_worker_that_dies_before_its_hello_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker that never says hello (here: its config's networks do not parse; in life, a Ctrl-C in the
+    # moment it was forked) must not hold the scaler's start-up for READY_WAIT_S: its end is the answer.
+    monkeypatch.setattr("keda_llm_scaler.workers.READY_WAIT_S", 600.0)
+    workers = ScrapeWorkers(1, max_bytes=1 << 20, keepalive_budget=64, policy=AddressPolicy())
+    workers.config["refuse"] = ["not-a-network"]
+    try:
+        await asyncio.wait_for(workers.start(), 60)  # a budget for a loaded machine; it waited 600 s before
+        await _until(lambda: workers.restarts >= 1, 20.0)  # and its reader restarts it, as any dead worker
+    finally:
+        await workers.aclose()
