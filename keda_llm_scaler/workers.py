@@ -148,7 +148,8 @@ class ScrapeWorkers:
         parent, child = socket.socketpair()
         try:
             worker.proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec returns at once; waits run in threads
-                [sys.executable, "-m", "keda_llm_scaler.workers", "--fd", str(child.fileno()),
+                # -P: not the working directory first on the path, where another checkout would be imported
+                [sys.executable, "-P", "-m", "keda_llm_scaler.workers", "--fd", str(child.fileno()),
                  "--config", json.dumps(self.config), "--index", str(worker.index)],
                 pass_fds=(child.fileno(),),
                 stdin=subprocess.DEVNULL,

@@ -60,6 +60,23 @@ async def test_workers_read_what_the_scaler_process_reads() -> None:
         await pooled.aclose()
 
 
+
+async def test_workers_run_this_install_whatever_directory_serve_starts_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # serve started inside another checkout (or any directory holding a keda_llm_scaler folder) must not
+    # have its workers import that code instead of the scaler's own
+    (tmp_path / "keda_llm_scaler").mkdir()
+    (tmp_path / "keda_llm_scaler" / "__init__.py").write_text("raise ImportError('the wrong checkout')\n")
+    monkeypatch.chdir(tmp_path)
+    pooled = await _started()
+    try:
+        with replicas(PAYLOADS[0]) as (r,):
+            result = await _scrape(pooled, r.url + "/metrics", timeout=10.0)
+        assert result.reason is None and result.signals is not None
+    finally:
+        await pooled.aclose()
+
 async def test_a_replica_keeps_one_connection_in_one_worker() -> None:
     s = await _started(count=3)
     try:
