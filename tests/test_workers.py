@@ -60,7 +60,6 @@ async def test_workers_read_what_the_scaler_process_reads() -> None:
         await pooled.aclose()
 
 
-
 async def test_workers_run_this_install_whatever_directory_serve_starts_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -76,6 +75,7 @@ async def test_workers_run_this_install_whatever_directory_serve_starts_in(
         assert result.reason is None and result.signals is not None
     finally:
         await pooled.aclose()
+
 
 async def test_a_replica_keeps_one_connection_in_one_worker() -> None:
     s = await _started(count=3)
