@@ -5,8 +5,10 @@ the variants in docs/replay.md ("Variants measured on the way") are measured.
     python benchmarks/composite_variants.py conv,bursty,day:m-small:17:29:140 llm 1.0 '{"headroom_sigmas": 3}'
 
 WORKLOADS: conv (x12), bursty (x4), convslice, day:MODEL:A:B:PEAK; BEHAVIORS: llm,default; KNOBS:
-targetUtilization values. Prints one line per run: workload, behavior, knob, overrides, SLO attainment
-(%), GPU-hours, max and mean replicas. Two worker processes.
+targetUtilization values. OVERRIDES: fields of DemandConfig (calm_window_s, headroom_sigmas, growth_cap)
+or ScoringParams; the burst-window and plain-spread switches of the table's † rows were removed after
+6a0475f (docs/replay.md: how those rows reproduce at 34e8303). Prints one line per run: workload, behavior, knob,
+overrides, SLO attainment (%), GPU-hours, max and mean replicas. Two worker processes.
 """
 
 import dataclasses
@@ -20,6 +22,7 @@ def job(a):
     wl, beh, knob, over = a
     import keda_llm_scaler.sim.run as runmod
     from keda_llm_scaler.demand import DemandConfig
+    from keda_llm_scaler.fleet import demand_config
     from keda_llm_scaler.policy import ScoringParams
     from keda_llm_scaler.sim import policies
 
@@ -27,12 +30,12 @@ def job(a):
     sp = {k: v for k, v in over.items() if k in {f.name for f in dataclasses.fields(ScoringParams)}}
     orig = policies.make_policy
 
-    def make(name, knob=None):
-        p = orig(name, knob)
+    def make(name, knob=None, **kw):
+        p = orig(name, knob, **kw)
         if name == "composite":
-            p = policies.CompositePolicy(
-                name, p.knob, p.knob_name, params=ScoringParams(**sp), demand=DemandConfig(**dc)
-            )
+            params = dataclasses.replace(p.params, **sp)  # keeps the run's ttftSloSeconds
+            demand = dataclasses.replace(demand_config(params), **dc)
+            p = policies.CompositePolicy(name, p.knob, p.knob_name, params=params, demand=demand)
         return p
 
     runmod.make_policy = make
@@ -75,6 +78,13 @@ if __name__ == "__main__":
     behs = sys.argv[2].split(",")
     knobs = [float(k) for k in sys.argv[3].split(",")]
     overs = [json.loads(p) for p in sys.argv[4:]] or [{}]
+    from keda_llm_scaler.demand import DemandConfig
+    from keda_llm_scaler.policy import ScoringParams
+
+    known = {f.name for cls in (DemandConfig, ScoringParams) for f in dataclasses.fields(cls)}
+    if unknown := sorted({k for over in overs for k in over} - known):
+        # e.g. use_burst_window, robust_spread: removed after 6a0475f (docs/replay.md: the † rows)
+        raise SystemExit(f"not a DemandConfig or ScoringParams field: {', '.join(unknown)}")
     jobs = list(itertools.product(wls, behs, knobs, overs))
     with ProcessPoolExecutor(2) as ex:
         for r in ex.map(job, jobs):

@@ -27,11 +27,11 @@ From the fleet's arrivals per bin of ``bin_s`` seconds (10 s at the default 5 s 
     growth   = the trend over the last 360 s (least squares), projected over one replica start-up,
                never negative and at most growth_cap (0.2) x offered, so noise cannot inflate it
     need     = offered + growth + headroom_sigmas (2) x spread                    (requests/s)
-    recent   = mean over the burst window (30 s), reported; ``use_burst_window`` adds it as
-               max(offered + growth, recent). Off by default: on the bursty hour it bought no
-               attainment and cost 5-9 GPU-h, since a burst shorter than a start-up is over before the
-               replicas it asks for are ready, and the HPA then holds them. Bursts are answered within
-               one scrape by the pressure side of the composite (queue, KV, rejects).
+
+No burst term: adding a 30-120 s window's mean as max(offered + growth, recent) bought no attainment
+on the bursty hour and cost 5-9 GPU-h, since a burst shorter than a start-up is over before the replicas
+it asks for are ready, and the HPA then holds them. Bursts are answered within one scrape by the
+pressure side of the composite (queue, KV, rejects).
 
 A replica's capacity (requests/s it serves within the SLO), in order of precedence:
 
@@ -71,6 +71,8 @@ from typing import Final
 __all__ = [
     "CAPACITY_SAMPLES",
     "DEFAULT_STARTUP_S",
+    "DEMAND_WINDOW_S",
+    "TREND_WINDOW_SHARE",
     "DemandConfig",
     "DemandEstimate",
     "DemandTracker",
@@ -90,23 +92,26 @@ DEFAULT_TTFT_SLO_S: Final = 2.0  # without ttftSloSeconds: what an interactive e
 DEFAULT_QUEUE_KNEE_S: Final = 1.0  # without a TTFT SLO: a second in the queue is past any chat knee
 QUEUE_KNEE_SLO_SHARE: Final = 0.5  # with one: half the SLO spent waiting to be scheduled
 MIX_TOLERANCE: Final = 0.3  # a capacity reading describes mixes within 30 % of its tokens per request
+DEMAND_WINDOW_S: Final = 300.0  # the calm window by default (demandWindow; ScoringParams takes it from here)
+TREND_WINDOW_SHARE: Final = 1.2  # the trend is read over 1.2x the calm window (360 s by default)
 
 
 @dataclass(frozen=True, slots=True)
 class DemandConfig:
     """The estimator's windows and headroom (one set for every workload; docs/replay.md shows the sweeps)."""
 
-    calm_window_s: float = 300.0
-    burst_window_s: float = 30.0
-    trend_window_s: float = 360.0
+    calm_window_s: float = DEMAND_WINDOW_S
     headroom_sigmas: float = 2.0
     growth_cap: float = 0.2
-    use_burst_window: bool = False  # measured: chasing bursts shorter than a start-up only costs
-    robust_spread: bool = True
+
+    @property
+    def trend_window_s(self) -> float:
+        """The growth's window, in proportion to the calm one (360 s at the default 300 s)."""
+        return TREND_WINDOW_SHARE * self.calm_window_s
 
     @property
     def history_s(self) -> float:
-        return max(self.calm_window_s, self.burst_window_s, self.trend_window_s)
+        return max(self.calm_window_s, self.trend_window_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +136,6 @@ class ReplicaCounters:
 @dataclass(frozen=True, slots=True)
 class DemandEstimate:
     offered_rps: float
-    recent_rps: float
     spread_rps: float
     growth_rps: float
     need_rps: float
@@ -678,12 +682,10 @@ class DemandTracker:
             return None
         rates = [(b.end, b.rate) for b in window]
         calm = [r for t, r in rates if t > now - c.calm_window_s] or [rates[-1][1]]
-        burst = [r for t, r in rates if t > now - c.burst_window_s] or [rates[-1][1]]
         offered = math.fsum(calm) / len(calm)
-        recent = math.fsum(burst) / len(burst)
         if len(calm) < 3:
             spread = 0.0
-        elif c.robust_spread:
+        else:
             # median absolute deviation, scaled to a standard deviation on normal noise: a burst of a
             # few bins does not read as the fleet's everyday spread. Around the calm window's falling
             # trend, not its median: a load falling through the window is not burstiness, and read as
@@ -693,8 +695,6 @@ class DemandTracker:
             residuals = _falling_residuals([(t, r) for t, r in rates if t > now - c.calm_window_s]) or calm
             mid = statistics.median(residuals)
             spread = 1.4826 * statistics.median(abs(r - mid) for r in residuals)
-        else:
-            spread = statistics.pstdev(calm)
         horizon, horizon_source = self.startup(startup_s)
         trend = [(t, r) for t, r in rates if t > now - c.trend_window_s]
         growth = 0.0
@@ -702,11 +702,9 @@ class DemandTracker:
             slope, _ = _slope(trend)
             growth = min(c.growth_cap * offered, max(0.0, slope * horizon))
         cap, cap_source = self.capacity(capacity_rps, now, c)
-        base = max(offered + growth, recent) if c.use_burst_window else offered + growth
-        need = base + c.headroom_sigmas * spread
+        need = offered + growth + c.headroom_sigmas * spread
         return DemandEstimate(
             offered_rps=offered,
-            recent_rps=recent,
             spread_rps=spread,
             growth_rps=growth,
             need_rps=need,

@@ -183,9 +183,8 @@ def _quantile(q: float, merged: Histogram | None) -> float | None:
 
 
 def demand_config(params: ScoringParams) -> DemandConfig:
-    """The trigger's demand window; the trend and burst windows keep their proportions to it."""
-    w = params.demand_window_s
-    return DemandConfig(calm_window_s=w, trend_window_s=1.2 * w, burst_window_s=0.1 * w)
+    """The trigger's demand window (the trend and burst windows keep their proportions to it: DemandConfig)."""
+    return DemandConfig(calm_window_s=params.demand_window_s)
 
 
 class FleetState:

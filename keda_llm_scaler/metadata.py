@@ -7,6 +7,7 @@ ignored; likely mistakes get a hint in the log.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import ipaddress
@@ -14,7 +15,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 from keda_llm_scaler.addresses import normalize_host, refusal
@@ -26,6 +27,7 @@ from keda_llm_scaler.policy import ScoringParams
 __all__ = [
     "DEFAULTS",
     "KNOWN_KEYS",
+    "MAX_DEMAND_WINDOW_S",
     "METRIC_NAME",
     "WORKLOAD_CLASSES",
     "Discovery",
@@ -44,22 +46,6 @@ INTERACTIVE: Final = "interactive"
 BATCH: Final = "batch"
 WORKLOAD_CLASSES: Final = (INTERACTIVE, BATCH)
 
-DEFAULTS: Final[dict[str, float | str]] = {
-    "engine": "auto",
-    "metricsPath": "/metrics",
-    "targetKvUsage": 0.85,
-    "targetQueueDepth": 5.0,
-    "targetUtilization": 0.9,
-    "ttftSloQuantile": 0.95,
-    "demandWindow": 300.0,
-    "startupBudgetSeconds": 900.0,
-    "activationThreshold": 0.0,
-    "targetValue": 1.0,
-    "scrapeInterval": 5.0,
-    "scrapeTimeout": 2.0,
-    "scheme": "http",
-    "workloadClass": INTERACTIVE,
-}
 DISCOVERY_KEYS: Final = ("endpoints", "dnsName", "service")
 KNOWN_KEYS: Final = frozenset(
     {
@@ -140,21 +126,9 @@ class TriggerConfig:
 
     @property
     def key(self) -> tuple[object, ...]:
-        """Identity of a target: one ScaledObject's fleet as this trigger describes it."""
-        return (
-            self.namespace,
-            self.name,
-            self.discovery,
-            self.engine,
-            self.model,
-            self.scoring,
-            self.activation_threshold,
-            self.target_value,
-            self.scrape_interval,
-            self.scrape_timeout,
-            self.stale_after,
-            self.workload_class,
-        )
+        """Identity of a target: one ScaledObject's fleet as this trigger describes it (every field, in
+        order)."""
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
 
     @property
     def target_id(self) -> str:
@@ -173,6 +147,35 @@ class TriggerConfig:
     @property
     def label(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+def _field_default(cls: type, name: str) -> Any:
+    """The default of a dataclass field: where a metadata key's default is defined when a field holds it."""
+    (f,) = (f for f in dataclasses.fields(cls) if f.name == name)
+    if f.default is dataclasses.MISSING:
+        raise TypeError(f"{cls.__name__}.{name} has no default")
+    return f.default
+
+
+# A key absent or empty takes its default. Keys a dataclass field holds take that field's default (one
+# definition each); the others, which every TriggerConfig sets, are defined here.
+DEFAULTS: Final[dict[str, float | str]] = {
+    "engine": "auto",
+    "metricsPath": _field_default(Discovery, "metrics_path"),
+    "targetKvUsage": _field_default(ScoringParams, "target_kv_usage"),
+    "targetQueueDepth": _field_default(ScoringParams, "target_queue_depth"),
+    "targetUtilization": _field_default(ScoringParams, "target_utilization"),
+    "ttftSloQuantile": _field_default(ScoringParams, "ttft_slo_quantile"),
+    "demandWindow": _field_default(ScoringParams, "demand_window_s"),
+    "startupBudgetSeconds": _field_default(Discovery, "startup_budget_s"),
+    "activationThreshold": 0.0,
+    "targetValue": 1.0,
+    "scrapeInterval": 5.0,
+    "scrapeTimeout": 2.0,
+    "scheme": _field_default(Discovery, "scheme"),
+    "workloadClass": _field_default(TriggerConfig, "workload_class"),
+}
+MAX_DEMAND_WINDOW_S: Final = 3600.0
 
 
 def check_address(host: str, key: str) -> None:
@@ -212,7 +215,7 @@ def _demand_window(meta: Mapping[str, str], interval: float) -> float:
     bins = bin_seconds(interval)
     if not meta.get("demandWindow", "").strip():  # the default, long enough for any scrape interval
         return max(float(DEFAULTS["demandWindow"]), 3 * bins)
-    window = _number(meta, "demandWindow", 5.0, 3600.0)
+    window = _number(meta, "demandWindow", 5.0, MAX_DEMAND_WINDOW_S)
     if window < 3 * bins:
         raise BadMetadata(
             "demandWindow",

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from keda_llm_scaler.demand import DemandEstimate, nonneg
+from keda_llm_scaler.demand import DEMAND_WINDOW_S, DemandEstimate, nonneg
 from keda_llm_scaler.errors import NoFreshData
 
 __all__ = [
@@ -79,6 +79,8 @@ MAX_COMPOSITE: Final = 100_000.0  # replica-equivalents; past any fleet, and ins
 
 @dataclass(frozen=True, slots=True)
 class ScoringParams:
+    """A trigger's scoring parameters; the field defaults are the metadata's (``metadata.DEFAULTS`` reads them)."""
+
     target_kv_usage: float = 0.85
     target_queue_depth: float = 5.0
     target_utilization: float = 0.9
@@ -86,7 +88,7 @@ class ScoringParams:
     startup_s: float | None = None  # seconds from created to ready; None: learn it
     ttft_slo_s: float | None = None
     ttft_slo_quantile: float = 0.95
-    demand_window_s: float = 300.0  # the demand's calm window (trend: 1.2x, burst: 0.1x)
+    demand_window_s: float = DEMAND_WINDOW_S  # the demand's calm window (trend and burst follow: DemandConfig)
 
 
 @dataclass(frozen=True, slots=True)

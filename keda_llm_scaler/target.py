@@ -22,6 +22,7 @@ from typing import Protocol
 import structlog
 
 from keda_llm_scaler.addresses import redact
+from keda_llm_scaler.demand import DemandConfig
 from keda_llm_scaler.discovery import DiscoveryError, Resolver
 from keda_llm_scaler.errors import NoFreshData
 from keda_llm_scaler.fleet import (
@@ -36,7 +37,7 @@ from keda_llm_scaler.fleet import (
 )
 from keda_llm_scaler.loops import ScrapeLoop, Spawned
 from keda_llm_scaler.membership import FAILED_TO_START, PENDING, Membership
-from keda_llm_scaler.metadata import TriggerConfig
+from keda_llm_scaler.metadata import MAX_DEMAND_WINDOW_S, TriggerConfig
 from keda_llm_scaler.policy import Composite
 from keda_llm_scaler.scrape import Scraper, ScrapeResult
 
@@ -68,8 +69,8 @@ class CycleObserver(Protocol):
     def forget(self, fleet_id: str) -> None: ...
 
 
-# Arrival history kept per fleet: the longest demandWindow (3600 s) with its 1.2x trend window.
-DEMAND_RETAIN_S = 1.2 * 3600.0
+# Arrival history kept per fleet: the longest demandWindow with its trend window.
+DEMAND_RETAIN_S = DemandConfig(calm_window_s=MAX_DEMAND_WINDOW_S).history_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,6 @@ def test_offered_rate_counts_finished_refused_and_in_flight() -> None:
     assert est is not None
     # bins: (0-10 s) 130+14+10 - (100+10+3) = 41 -> 4.1/s; (10-20 s) 20 -> 2.0/s
     assert est.offered_rps == pytest.approx((4.1 + 2.0) / 2)
-    assert est.recent_rps == pytest.approx((4.1 + 2.0) / 2)
 
 
 def test_a_restart_counts_what_is_there_and_a_cancel_is_not_a_restart() -> None:
@@ -120,19 +119,14 @@ def test_steady_load_needs_exactly_its_rate() -> None:
 
 
 def test_spread_buys_headroom_in_sigmas() -> None:
-    """Alternating 10 s bins of 10 and 30 req/s: mean 20, standard deviation 10, median absolute
-    deviation 10 (x 1.4826 as a robust standard deviation)."""
-    plain = DemandConfig(headroom_sigmas=2.0, growth_cap=0.0, robust_spread=False)
-    tr = DemandTracker(10.0, plain)
-    t = feed(tr, [10.0, 30.0] * 15, step=10.0)
-    est = tr.estimate(t)
-    assert est is not None
-    assert est.offered_rps == pytest.approx(20.0) and est.spread_rps == pytest.approx(10.0)
-    assert est.need_rps == pytest.approx(20.0 + 2 * 10.0)
+    """Alternating 10 s bins of 10 and 30 req/s: mean 20, median absolute deviation 10 (x 1.4826 as a
+    robust standard deviation), and the need two of those above the mean."""
     tr = DemandTracker(10.0, DemandConfig(headroom_sigmas=2.0, growth_cap=0.0))
     t = feed(tr, [10.0, 30.0] * 15, step=10.0)
     est = tr.estimate(t)
-    assert est is not None and est.spread_rps == pytest.approx(1.4826 * 10.0)
+    assert est is not None
+    assert est.offered_rps == pytest.approx(20.0) and est.spread_rps == pytest.approx(1.4826 * 10.0)
+    assert est.need_rps == pytest.approx(20.0 + 2 * 1.4826 * 10.0)
 
 
 def test_a_rare_burst_is_not_everyday_spread() -> None:
@@ -142,16 +136,12 @@ def test_a_rare_burst_is_not_everyday_spread() -> None:
     t = feed(tr, rates, step=10.0)
     est = tr.estimate(t)
     assert est is not None and est.spread_rps == pytest.approx(1.4826 * 2.0)
-    plain = DemandTracker(10.0, DemandConfig(growth_cap=0.0, robust_spread=False))
-    t = feed(plain, rates, step=10.0)
-    est = plain.estimate(t)
-    assert est is not None and est.spread_rps > 20.0
 
 
 def test_growth_is_projected_over_the_startup_and_bounded() -> None:
     """A ramp of +0.1 req/s per second, projected over a configured 100 s start-up: +10 req/s, and never
     more than growth_cap x offered; a falling load projects nothing."""
-    cfg = DemandConfig(headroom_sigmas=0.0, use_burst_window=False, trend_window_s=360.0)
+    cfg = DemandConfig(headroom_sigmas=0.0)  # the trend window: 360 s
     tr = DemandTracker(10.0, cfg)
     t = feed(tr, [50.0 + 1.0 * k for k in range(36)], step=10.0)
     est = tr.estimate(t, startup_s=100.0)
@@ -165,18 +155,14 @@ def test_growth_is_projected_over_the_startup_and_bounded() -> None:
     assert est is not None and est.growth_rps == 0.0
 
 
-def test_a_burst_is_reported_and_answered_only_when_asked() -> None:
-    """The burst window's rate is always reported; by default it does not raise the need (a burst shorter
-    than a start-up is over before the replicas it asks for are ready)."""
+def test_a_burst_counts_only_in_the_calm_windows_mean() -> None:
+    """A 30 s burst raises the need by its share of the calm window's mean, not to its own rate (a burst
+    shorter than a start-up is over before the replicas it asks for are ready)."""
     rates = [10.0] * 27 + [100.0] * 3
-    on = DemandTracker(10.0, DemandConfig(headroom_sigmas=0.0, use_burst_window=True))
-    t = feed(on, rates, step=10.0)
-    est = on.estimate(t)
-    assert est is not None and est.recent_rps == pytest.approx(100.0) and est.need_rps >= 100.0
-    off = DemandTracker(10.0, DemandConfig(headroom_sigmas=0.0, growth_cap=0.0))
-    t = feed(off, rates, step=10.0)
-    est = off.estimate(t)
-    assert est is not None and est.recent_rps == pytest.approx(100.0)
+    tr = DemandTracker(10.0, DemandConfig(headroom_sigmas=0.0, growth_cap=0.0))
+    t = feed(tr, rates, step=10.0)
+    est = tr.estimate(t)
+    assert est is not None
     assert est.need_rps == pytest.approx(est.offered_rps) == pytest.approx((27 * 10 + 3 * 100) / 30)
 
 
@@ -556,7 +542,7 @@ def test_without_a_known_knee_a_fleet_is_held_not_grown() -> None:
     fine = [ReplicaInput(waiting=0, running=200, kv_usage=0.3) for _ in range(4)]
 
     def est(need: float, cap: float, source: str, served: float | None = None) -> DemandEstimate:
-        return DemandEstimate(need, need, 0.0, 0.0, need, cap, source, 0, 180.0, "default", served)
+        return DemandEstimate(need, 0.0, 0.0, need, cap, source, 0, 180.0, "default", served)
 
     held = composite(fine, p, demand=est(40.0, 40.0 / (5.6 * 0.9), "provisional"))  # KV reads 5.6
     assert held.rate == 4.0

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from keda_llm_scaler.demand import DemandConfig
 from keda_llm_scaler.errors import BadMetadata
-from keda_llm_scaler.metadata import metadata_hints, parse_trigger
+from keda_llm_scaler.fleet import demand_config
+from keda_llm_scaler.metadata import DEFAULTS, metadata_hints, parse_trigger
+from keda_llm_scaler.policy import ScoringParams
+from keda_llm_scaler.target import DEMAND_RETAIN_S
 
 BASE = {"scalerAddress": "scaler.keda:9090", "endpoints": "http://10.0.0.7:8000"}
 
@@ -22,6 +28,76 @@ def test_defaults() -> None:
     assert cfg.scoring.target_kv_usage == 0.85 and cfg.scoring.target_queue_depth == 5.0
     assert (cfg.activation_threshold, cfg.target_value) == (0.0, 1.0)
     assert (cfg.scrape_interval, cfg.scrape_timeout, cfg.stale_after) == (5.0, 2.0, 15.0)
+
+
+def test_defaults_are_the_documented_values_from_one_source() -> None:
+    """Each default is defined once (the dataclass field that holds it, else metadata.DEFAULTS); these are
+    the values the README documents, and the demand's trend window follows its calm one (300 s: 360 s)."""
+    assert DEFAULTS == {
+        "engine": "auto",
+        "metricsPath": "/metrics",
+        "targetKvUsage": 0.85,
+        "targetQueueDepth": 5.0,
+        "targetUtilization": 0.9,
+        "ttftSloQuantile": 0.95,
+        "demandWindow": 300.0,
+        "startupBudgetSeconds": 900.0,
+        "activationThreshold": 0.0,
+        "targetValue": 1.0,
+        "scrapeInterval": 5.0,
+        "scrapeTimeout": 2.0,
+        "scheme": "http",
+        "workloadClass": "interactive",
+    }
+    scoring = ScoringParams()
+    assert parse().scoring == scoring  # no scoring key given: the metadata defaults are the scoring defaults
+    assert (
+        scoring.target_kv_usage,
+        scoring.target_queue_depth,
+        scoring.target_utilization,
+        scoring.ttft_slo_quantile,
+        scoring.demand_window_s,
+    ) == (
+        DEFAULTS["targetKvUsage"],
+        DEFAULTS["targetQueueDepth"],
+        DEFAULTS["targetUtilization"],
+        DEFAULTS["ttftSloQuantile"],
+        DEFAULTS["demandWindow"],
+    )
+    assert (scoring.replica_capacity, scoring.startup_s, scoring.ttft_slo_s) == (None, None, None)
+    assert parse({"service": "vllm"}, base={}).discovery.startup_budget_s == DEFAULTS["startupBudgetSeconds"]
+    windows = demand_config(scoring)
+    assert windows == DemandConfig()
+    assert (windows.calm_window_s, windows.trend_window_s) == (300.0, 360.0)
+    assert (windows.headroom_sigmas, windows.growth_cap, windows.history_s) == (2.0, 0.2, 360.0)
+    wide = demand_config(dataclasses.replace(scoring, demand_window_s=600.0))
+    assert (wide.calm_window_s, wide.trend_window_s) == (600.0, 720.0)
+    assert DEMAND_RETAIN_S == 1.2 * 3600.0  # the longest demandWindow's trend window
+
+
+def test_the_key_is_every_field() -> None:
+    """A target's identity changes with any field (two triggers differing in one are two targets)."""
+    cfg = parse()
+    assert cfg.key == tuple(getattr(cfg, f.name) for f in dataclasses.fields(cfg))
+    other = parse_trigger(
+        "other-ns",
+        "other",
+        {
+            "engine": "vllm",
+            "model": "m",
+            "targetKvUsage": "0.5",
+            "activationThreshold": "1",
+            "targetValue": "2",
+            "scrapeInterval": "10",
+            "scrapeTimeout": "3",
+            "staleAfter": "60",
+            "workloadClass": "batch",
+            "endpoints": "http://10.0.0.8:8000",
+        },
+    )
+    for f in dataclasses.fields(cfg):
+        changed = dataclasses.replace(cfg, **{f.name: getattr(other, f.name)})
+        assert changed.key != cfg.key, f.name
 
 
 def test_keda_and_unknown_keys_are_ignored_and_do_not_change_identity() -> None:

@@ -170,7 +170,6 @@ def test_incoming_keeps_monotonicity(replicas: list[ReplicaInput], incoming: int
 def _estimate(need: float, capacity: float | None) -> DemandEstimate:
     return DemandEstimate(
         offered_rps=need,
-        recent_rps=need,
         spread_rps=0.0,
         growth_rps=0.0,
         need_rps=need,

@@ -78,7 +78,6 @@ class CompositePolicy(Policy):
     scrape_interval_s: float = 5.0
     params: ScoringParams = field(default_factory=ScoringParams)  # the defaults; the knob sets utilization
     demand: DemandConfig | None = None
-    count_incoming: bool = True  # starting pods (not-ready endpoints) as capacity on the way
     stale_after_s: float = 15.0
 
     def __post_init__(self) -> None:
@@ -90,8 +89,7 @@ class CompositePolicy(Policy):
     def sample(self, now: float, fleet: Fleet) -> None:
         starting = len(fleet.with_state(STARTING))
         self._state.update(now, (Observation(p.name, p.replica.signals()) for p in _ready(fleet)), starting)
-        incoming = starting if self.count_incoming else 0
-        c = self._state.evaluate(now, incoming).composite
+        c = self._state.evaluate(now, starting).composite  # starting pods: capacity on the way
         self._composite = None if c is None else c.value
         self.value = self._composite
         self._last = c
@@ -248,10 +246,10 @@ POLICIES: Final[dict[str, tuple[str, float, tuple[float, ...]]]] = {
 
 
 def make_policy(
-    name: str, knob: float | None = None, ttft_slo_s: float | None = None, ttft_slo_quantile: float = 0.95
+    name: str, knob: float | None = None, ttft_slo_s: float | None = None, ttft_slo_quantile: float | None = None
 ) -> Policy:
-    """``ttft_slo_s``/``ttft_slo_quantile``: the composite's ``ttftSloSeconds``/``ttftSloQuantile`` (the other
-    policies know no SLO)."""
+    """``ttft_slo_s``/``ttft_slo_quantile``: the composite's ``ttftSloSeconds``/``ttftSloQuantile`` (None: the
+    scaler's default; the other policies know no SLO)."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     knob_name, default, _ = POLICIES[name]
@@ -259,7 +257,9 @@ def make_policy(
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name}: {knob_name} must be > 0")
     if name == "composite":
-        params = dataclasses.replace(ScoringParams(), ttft_slo_s=ttft_slo_s, ttft_slo_quantile=ttft_slo_quantile)
+        params = dataclasses.replace(ScoringParams(), ttft_slo_s=ttft_slo_s)
+        if ttft_slo_quantile is not None:
+            params = dataclasses.replace(params, ttft_slo_quantile=ttft_slo_quantile)
         return CompositePolicy(name, value, knob_name, params=params)
     if name == "queue":
         return QueuePolicy(name, value, knob_name)
