@@ -21,6 +21,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import Replica, unused_port
+
 # `--package scaler` (with PYTHONPATH at an older checkout) measures the code from before the rename
 PACKAGE = sys.argv[sys.argv.index("--package") + 1] if "--package" in sys.argv else "keda_llm_scaler"
 Settings = importlib.import_module(f"{PACKAGE}.config").Settings
@@ -28,10 +31,6 @@ ScalerServer = importlib.import_module(f"{PACKAGE}.server").ScalerServer
 KedaEmulator = importlib.import_module(f"{PACKAGE}.sim.keda").KedaEmulator
 _kubeapi = importlib.import_module(f"{PACKAGE}.sim.kubeapi")
 Endpoint, FakeKube, FakeKubeServer = _kubeapi.Endpoint, _kubeapi.FakeKube, _kubeapi.FakeKubeServer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.payloads import EngineLoad, vllm_v1  # noqa: E402
-from tests.replicas import Replica, unused_port  # noqa: E402
 
 BASE = Settings(host="127.0.0.1", grpc_port=0, metrics_port=0, warmup_wait=2.0, shutdown_grace=1.0)
 INTERVAL = {"scrapeInterval": "0.5", "scrapeTimeout": "0.4", "staleAfter": "30"}

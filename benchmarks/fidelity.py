@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The fleet simulator against the independent step-level reference (tests/refsim.py) on static fleets:
-SLO attainment and TTFT p95 at the smallest fleet reaching 99 % and one either side, per routing.
+"""The fleet simulator against the independent step-level reference (keda_llm_scaler/testing/refsim.py) on
+static fleets: SLO attainment and TTFT p95 at the smallest fleet reaching 99 % and one either side, per
+routing.
 
     python benchmarks/fidelity.py            # conversation hour x12 and the bursty hour x4, ~3 min
 """
@@ -9,13 +10,10 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from keda_llm_scaler.sim.run import RunConfig, simulate
 from keda_llm_scaler.sim.trace import BUNDLED_TRACE, BURSTY_TRACE, load_trace, scale_rate
-from tests.refsim import simulate_static
+from keda_llm_scaler.testing.refsim import simulate_static
 
 CASES = (("conversation x12", BUNDLED_TRACE, 12.0, 8), ("bursty hour x4", BURSTY_TRACE, 4.0, 9))
 

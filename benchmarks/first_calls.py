@@ -22,8 +22,8 @@ import grpc
 
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica, unused_port
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import Replica, unused_port
 
 
 def _healthy(address: str, budget_s: float) -> None:

@@ -14,11 +14,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from keda_llm_scaler.engines import read_replica
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
 
-from keda_llm_scaler.engines import read_replica  # noqa: E402
-from tests.payloads import EngineLoad, vllm_v1  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def best_of(fn: Callable[[], object], repeat: int = 7, number: int = 20) -> float:

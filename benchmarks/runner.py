@@ -3,8 +3,8 @@
     python -m benchmarks                      # the full table (~8 minutes on 2 cores), JSON to --out
     python -m benchmarks --quick              # the CI subset: 100 replicas, short windows, ratios only, no simulator
 
-Everything runs on loopback on this machine: the fleet is one nginx (benchmarks/fleetserver.py) serving the
-41 KB vLLM V1 fixture on /r<i>/metrics, counted by nginx's own request counter; the reference for the
+Everything runs on loopback on this machine: the fleet is one nginx (keda_llm_scaler/testing/fleetserver.py)
+serving the 41 KB vLLM V1 fixture on /r<i>/metrics, counted by nginx's own request counter; the reference for the
 scrape cost is a real Prometheus (Debian's `prometheus`) scraping the same fleet at the same interval; the
 reference for serving is a bare grpc.aio ExternalScaler returning a constant, loaded by kedaclient (the
 grpc-go client that calls like KEDA's operator). CPU is read from /proc for whole process trees (the scaler
@@ -29,16 +29,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.parse_bench import best_of, full_parse
+from benchmarks.serve_under_load import BARE_SERVER, _load
+from benchmarks.soak import _cpu_s, _proc_stats
+from keda_llm_scaler.engines import read_replica
+from keda_llm_scaler.testing.fleetserver import Fleet, start_fleet
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import unused_port
 
-from benchmarks.fleetserver import Fleet, start_fleet  # noqa: E402
-from benchmarks.parse_bench import best_of, full_parse  # noqa: E402
-from benchmarks.serve_under_load import BARE_SERVER, _load  # noqa: E402
-from benchmarks.soak import _cpu_s, _proc_stats  # noqa: E402
-from keda_llm_scaler.engines import read_replica  # noqa: E402
-from tests.payloads import EngineLoad, vllm_v1  # noqa: E402
-from tests.replicas import unused_port  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 FIXTURES = ROOT / "tests" / "fixtures" / "metrics"
 FIXTURE = FIXTURES / "vllm_v1_reconstructed_latest_1engine.txt"

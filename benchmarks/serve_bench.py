@@ -18,15 +18,14 @@ import sys
 import time
 from pathlib import Path
 
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from keda_llm_scaler._proto import externalscaler_pb2 as pb
+from keda_llm_scaler.sim.keda import KedaEmulator
+from keda_llm_scaler.testing.replicas import Replica
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
-
-from keda_llm_scaler._proto import externalscaler_pb2 as pb  # noqa: E402
-from keda_llm_scaler.sim.keda import KedaEmulator  # noqa: E402
-from tests.replicas import Replica  # noqa: E402
-from tests.scalerproc import channel_to, running_scaler  # noqa: E402
 
 FIXTURES = [
     "vllm_v1_reconstructed_latest_1engine.txt",

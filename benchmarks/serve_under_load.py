@@ -1,16 +1,15 @@
 """GetMetrics under load while the scaler scrapes a large fleet, against a bare gRPC server in the same run.
 
-    python benchmarks/serve_under_load.py --kedaclient ../shared/tools/kedaclient [--replicas 1000]
+    python -m benchmarks.serve_under_load --kedaclient ../shared/tools/kedaclient [--replicas 1000]
         [--interval 5] [--callers 16] [--seconds 20] [--out docs/performance/serve_under_load.json]
 
 Issue #11's serve-under-load measure. Replicas are one server (nginx when installed, else an asyncio
-HTTP/1.1 server in its own process: benchmarks/fleetserver.py) that serves the 41 KB vLLM V1 fixture on
-127.0.0.1:<port>/r<i>/metrics (keep-alive). The scaler is the real
-`keda-llm-scaler serve` with one ScaledObject over all replicas; once its first cycle is in, kedaclient
-(the grpc-go client that calls like the KEDA operator) runs `-op load` with `--callers` for `--seconds`.
-The reference is a bare `grpc.aio` ExternalScaler that returns a constant, loaded the same way, in the
-same run. Prints both and the ratios, and the scaler's CPU and scrape-cycle time during the load; writes
-JSON to `--out`.
+HTTP/1.1 server in its own process: keda_llm_scaler/testing/fleetserver.py) that serves the 41 KB vLLM V1
+fixture on 127.0.0.1:<port>/r<i>/metrics (keep-alive). The scaler is the real `keda-llm-scaler serve` with
+one ScaledObject over all replicas; once its first cycle is in, kedaclient (the grpc-go client that calls
+like the KEDA operator) runs `-op load` with `--callers` for `--seconds`. The reference is a bare `grpc.aio`
+ExternalScaler that returns a constant, loaded the same way, in the same run. Prints both and the ratios,
+and the scaler's CPU and scrape-cycle time during the load; writes JSON to `--out`.
 """
 
 from __future__ import annotations
@@ -25,13 +24,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from benchmarks.soak import _cpu_s
+from keda_llm_scaler.testing.fleetserver import start_fleet
+from keda_llm_scaler.testing.replicas import unused_port
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.fleetserver import start_fleet  # noqa: E402
-from benchmarks.soak import _cpu_s  # noqa: E402
-from tests.replicas import unused_port  # noqa: E402
-
 FIXTURE = ROOT / "tests/fixtures/metrics/vllm_v1_reconstructed_latest_1engine.txt"
 
 BARE_SERVER = """

@@ -33,45 +33,13 @@ from typing import Any
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import unused_port
+from keda_llm_scaler.testing.fleetserver import serve_replicas
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import unused_port
 
 PAYLOADS = [vllm_v1([EngineLoad(w, 20 + w, 0.2 + 0.1 * w)]).encode() for w in range(6)]
-
-
-def _serve_replicas(port_out: Any, payloads: list[bytes] | None = None) -> None:
-    """All replicas in one asyncio HTTP/1.1 keep-alive server, in its own process (no GIL shared with the
-    load): /r<i>/metrics answers payloads[i % len(payloads)] (default: PAYLOADS)."""
-    bodies = payloads or PAYLOADS
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                path = head.split(b" ", 2)[1].decode()
-                try:
-                    n = int(path.split("/")[1].removeprefix("r"))
-                except (ValueError, IndexError):
-                    n = 0
-                body = bodies[n % len(bodies)]
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                    + body
-                )
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
-            writer.close()
-
-    async def main() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
-        port_out.put(server.sockets[0].getsockname()[1])
-        await server.serve_forever()
-
-    asyncio.run(main())
 
 
 def _tree(pid: int) -> list[int]:
@@ -224,7 +192,7 @@ class Started:
 
     def __init__(self, args: argparse.Namespace) -> None:
         ports: multiprocessing.Queue[int] = multiprocessing.Queue()
-        self.replicas = multiprocessing.Process(target=_serve_replicas, args=(ports,), daemon=True)
+        self.replicas = multiprocessing.Process(target=serve_replicas, args=(ports, PAYLOADS), daemon=True)
         self.replicas.start()
         self.rport = ports.get(timeout=30)
         self.grpc_port, self.metrics_port = unused_port(), unused_port()

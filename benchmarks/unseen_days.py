@@ -15,10 +15,7 @@ from __future__ import annotations
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from keda_llm_scaler.sim.run import RunConfig, simulate
 from keda_llm_scaler.sim.trace import BUNDLED_TRACE

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import random
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from keda_llm_scaler.victims import DEFAULT_BURST, DEFAULT_INTERVAL_S, PodLoad, plan
 

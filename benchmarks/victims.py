@@ -31,8 +31,6 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from keda_llm_scaler.sim.fleet import ROUTINGS
 from keda_llm_scaler.sim.replay import _config, _public, add_replay_arguments, describe_setup, load_workload
 from keda_llm_scaler.sim.run import simulate

@@ -3,29 +3,39 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import re
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from keda_llm_scaler import __version__
-from keda_llm_scaler.config import add_serve_arguments, settings_from
-from keda_llm_scaler.demand import kv_utilization
-from keda_llm_scaler.engines import ENGINE_CHOICES, read_replica
-from keda_llm_scaler.errors import BadMetadata, ReplicaError
-from keda_llm_scaler.metadata import DEFAULTS, endpoint_urls
-from keda_llm_scaler.policy import ReplicaInput, ScoringParams, score_replica
-from keda_llm_scaler.promtext import TextFormatError
-from keda_llm_scaler.scrape import Scraper
-from keda_llm_scaler.signals import ReplicaSignals, histogram_quantile
+
+# Only the standard library is imported before main() runs: a Ctrl-C during the imports of the server
+# (grpc, aiohttp: a few hundred ms) must reach main()'s handler, not print a traceback from an import.
+if TYPE_CHECKING:
+    from keda_llm_scaler.policy import ScoringParams
+    from keda_llm_scaler.signals import ReplicaSignals
 
 __all__ = ["main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line (argparse prints the whole usage first: 25 lines for serve)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from keda_llm_scaler.config import add_serve_arguments
+    from keda_llm_scaler.engines import ENGINE_CHOICES
+    from keda_llm_scaler.metadata import DEFAULTS
+
+    parser = _Parser(
         prog="keda-llm-scaler",
         description="KEDA external scaler for vLLM/SGLang fleets (waiting queue, KV-cache pressure, rejects).",
     )
@@ -43,7 +53,9 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="read one replica's /metrics and print its signals",
         description="Read one replica's /metrics (a URL or a file) and print the signals the scaler extracts from it.",
     )
-    inspect.add_argument("target", help="base URL (http://host:8000), /metrics URL, or a file ('-' = stdin)")
+    inspect.add_argument(
+        "target", help="base URL (http://host:8000, or host:port), /metrics URL, or a file ('-' = stdin)"
+    )
     inspect.add_argument("--engine", choices=ENGINE_CHOICES, default="auto")
     inspect.add_argument("--model", default=None, help="only series with this model_name")
     inspect.add_argument("--timeout", type=float, default=5.0, help="seconds, for a URL (default 5)")
@@ -63,6 +75,14 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "scaler server and a KEDA+HPA emulator calling it over gRPC, replaying a "
         "bundled trace about 12x faster than real time. Writes a summary and a PNG.",
     )
+    probe = sub.add_parser(
+        "probe",
+        help="call a running scaler as KEDA does (spec, metrics, active, stream) and explain its answer",
+    )
+    if command == "probe":  # gRPC and httpx clients: loaded only for this command
+        from keda_llm_scaler.probe import add_probe_arguments
+
+        add_probe_arguments(probe)
     # The simulator is imported only for its own commands: `serve` and `inspect` never load it.
     if command == "replay":
         from keda_llm_scaler.sim.replay import add_replay_arguments
@@ -80,6 +100,10 @@ class InspectError(Exception):
 
 
 async def _fetch_signals(target: str, engine: str, model: str | None, timeout: float) -> ReplicaSignals:
+    from keda_llm_scaler.errors import BadMetadata
+    from keda_llm_scaler.metadata import DEFAULTS, endpoint_urls
+    from keda_llm_scaler.scrape import Scraper
+
     try:
         (url,) = endpoint_urls(target, str(DEFAULTS["metricsPath"]))
     except BadMetadata as exc:
@@ -94,14 +118,38 @@ async def _fetch_signals(target: str, engine: str, model: str | None, timeout: f
     return result.signals
 
 
-def _read_signals(args: argparse.Namespace) -> tuple[str, ReplicaSignals]:
-    target: str = args.target
+# host:port[/path] (a name, an IPv4 address or [IPv6]), or an IP address alone: what `inspect` reads as a
+# URL when no file has that name. A bare word (metrics.txt, data/x) stays a file: it is more often a typo.
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][-A-Za-z0-9.]*):[0-9]{1,5}(/\S*)?$")
+_BARE_IP = re.compile(r"^([0-9]{1,3}(\.[0-9]{1,3}){3}|\[[0-9A-Fa-f:.]+\]|localhost)(/\S*)?$")
+
+
+def _as_url(target: str) -> str | None:
     if "://" in target:
-        return target, asyncio.run(_fetch_signals(target, args.engine, args.model, args.timeout))
+        return target
+    if target != "-" and not Path(target).exists() and (_HOST_PORT.match(target) or _BARE_IP.match(target)):
+        return f"http://{target}"
+    return None
+
+
+def _read_signals(args: argparse.Namespace) -> tuple[str, ReplicaSignals]:
+    import asyncio
+
+    from keda_llm_scaler.engines import read_replica
+    from keda_llm_scaler.errors import ReplicaError
+    from keda_llm_scaler.promtext import TextFormatError
+
+    target: str = args.target
+    if (url := _as_url(target)) is not None:
+        return url, asyncio.run(_fetch_signals(url, args.engine, args.model, args.timeout))
     try:
         text = sys.stdin.read() if target == "-" else Path(target).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise InspectError(f"cannot read {target}: no such file (for a URL: host:port or http://...)") from None
     except OSError as exc:
         raise InspectError(f"cannot read {target}: {exc.strerror or exc}") from None
+    if not text.strip():
+        raise InspectError(f"{'stdin' if target == '-' else target}: empty input")
     try:
         return target, read_replica(text, args.engine, args.model)
     except (TextFormatError, ReplicaError) as exc:
@@ -109,6 +157,10 @@ def _read_signals(args: argparse.Namespace) -> tuple[str, ReplicaSignals]:
 
 
 def _report(source: str, s: ReplicaSignals, params: ScoringParams) -> dict[str, Any]:
+    from keda_llm_scaler.demand import kv_utilization
+    from keda_llm_scaler.policy import ReplicaInput, score_replica
+    from keda_llm_scaler.signals import histogram_quantile
+
     engines = tuple((e.waiting, e.running) for e in s.engines) if len(s.engines) > 1 else ()
     score = score_replica(
         ReplicaInput(
@@ -157,17 +209,57 @@ def _command(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-SIM_EXTRA_HINT = "the simulator needs its extra: pip install 'keda-llm-scaler[sim]'"
+SIM_EXTRA_HINT = "pip install 'keda-llm-scaler[sim]'"
+
+
+def _plots_missing(args: argparse.Namespace) -> str | None:
+    """Why this run cannot draw the plots it will be asked for, checked before it simulates for minutes."""
+    if args.command == "demo":
+        needs = "the demo's plot"
+    elif args.command == "replay" and args.plot is not None:
+        needs = "--plot"
+    elif args.command == "replay" and args.sweep:
+        needs = "--sweep's Pareto plot"
+    else:
+        return None  # a replay without --plot or --sweep draws nothing: it runs without matplotlib
+    try:
+        import keda_llm_scaler.sim.plots  # noqa: F401 - the module the run imports when it draws
+    except ModuleNotFoundError as exc:
+        return f"{needs} needs {exc.name}, which is not installed: {SIM_EXTRA_HINT}"
+    return None
+
+
+def _stop_starting(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # SIGTERM before serve's event loop takes it over: as Ctrl-C, a quiet stop
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if _command(argv) != "serve":
+        return _main(argv)
+    # A stop asked while serve starts (imports, settings, binding; ~2 s) is a stop, not an error: no
+    # traceback, exit 0. From run() on, the event loop takes both signals (keda_llm_scaler/server.py).
+    signal.signal(signal.SIGTERM, _stop_starting)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        # Exiting: the event loop has given the signals back to their defaults, and a late Ctrl-C or
+        # SIGTERM must not print a traceback or kill the process while it exits.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _main(argv: list[str]) -> int:
     try:
         args = _build_parser(_command(argv)).parse_args(argv)
     except ModuleNotFoundError as exc:
-        print(f"keda-llm-scaler: {exc}; {SIM_EXTRA_HINT}", file=sys.stderr)
+        print(f"keda-llm-scaler: {exc}; the simulator needs its extra: {SIM_EXTRA_HINT}", file=sys.stderr)
         return 2
     if args.command == "inspect":
+        from keda_llm_scaler.policy import ScoringParams
+
         try:
             if not 0 < args.target_kv_usage <= 1:
                 raise InspectError(f"--target-kv-usage {args.target_kv_usage:g}: accepted: a number in (0, 1]")
@@ -185,23 +277,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_human(report)
         return 0
 
+    if args.command == "probe":
+        from keda_llm_scaler.probe import probe_main
+
+        return probe_main(args)
+
     if args.command in ("demo", "replay"):
-        try:
-            if args.command == "demo":
-                from keda_llm_scaler.sim.demo import demo_main
-
-                return demo_main(args)
-            from keda_llm_scaler.sim.replay import replay_main
-
-            return replay_main(args)
-        except ModuleNotFoundError as exc:
-            if exc.name != "matplotlib":
-                raise
-            print(f"keda-llm-scaler {args.command}: plots need matplotlib; {SIM_EXTRA_HINT}", file=sys.stderr)
+        if (missing := _plots_missing(args)) is not None:
+            print(f"keda-llm-scaler {args.command}: {missing}", file=sys.stderr)
             return 2
+        if args.command == "demo":
+            from keda_llm_scaler.sim.demo import demo_main
 
-    from keda_llm_scaler.server import run
-    from keda_llm_scaler.telemetry import configure_logging
+            return demo_main(args)
+        from keda_llm_scaler.sim.replay import replay_main
+
+        return replay_main(args)
+
+    return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from keda_llm_scaler.config import settings_from
+    from keda_llm_scaler.kube import KubeError
+    from keda_llm_scaler.logs import configure_logging
+    from keda_llm_scaler.server import BindError, run
 
     try:
         settings = settings_from(args)
@@ -209,11 +311,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"keda-llm-scaler serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_json)
-    from keda_llm_scaler.kube import KubeError
-
     try:
         asyncio.run(run(settings))
-    except (OSError, KubeError) as exc:
+    except (BindError, KubeError) as exc:  # a setting the server cannot start with (a port, a kubeconfig)
+        print(f"keda-llm-scaler serve: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
         print(f"keda-llm-scaler serve: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from keda_llm_scaler.addresses import AddressPolicy, parse_networks
-from keda_llm_scaler.deletion_cost import parse_scope
+from keda_llm_scaler.ranking_scope import parse_scope
 
 __all__ = [
     "ENV_PREFIX",
@@ -35,6 +35,13 @@ def _bool(raw: str) -> bool:
     if raw in ("0", "f", "F", "FALSE", "false", "False"):
         return False
     raise ValueError(f"{raw!r} is not a boolean (true/false/1/0)")
+
+
+def _bool_arg(raw: str) -> bool:
+    try:
+        return _bool(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _path(raw: str) -> Path | None:
@@ -173,9 +180,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         env = ENV_PREFIX + f.name.upper()
         default = f.default
         shown = "" if default is None or default == "" else f" (default {default})"
+        help_text = f"{SETTINGS_HELP[f.name]}{shown}; env {env}"
+        if _parser_for(f.name) is not _bool:
+            parser.add_argument(flag, dest=f.name, type=_parser_for(f.name), default=None, help=help_text)
+            continue
+        # --flag alone is true and --no-flag false; the value forms every earlier release needed
+        # (--log-json true, --flag=0) still work, so scripts that pass them keep running
+        no_flag = "--no-" + flag.removeprefix("--")
         parser.add_argument(
-            flag, dest=f.name, type=_parser_for(f.name), default=None, help=f"{SETTINGS_HELP[f.name]}{shown}; env {env}"
-        )
+            flag, dest=f.name, nargs="?", const=True, type=_bool_arg, default=None, metavar="BOOL",
+            help=f"{help_text}; {no_flag}: false",
+        )  # fmt: skip
+        parser.add_argument(no_flag, dest=f.name, action="store_false", default=None, help=argparse.SUPPRESS)
 
 
 def settings_from(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> Settings:

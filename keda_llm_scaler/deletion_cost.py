@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter
 from keda_llm_scaler.fleet import EXPIRED, ReplicaReport
 from keda_llm_scaler.kube import PATCH_FORBIDDEN, PATCH_OK, KubeClient, PatchResult
 from keda_llm_scaler.membership import READY, Member, Membership
+from keda_llm_scaler.ranking_scope import RankingScope
 from keda_llm_scaler.victims import (
     ANNOTATION,
     DEFAULT_BURST,
@@ -41,7 +41,7 @@ from keda_llm_scaler.victims import (
     scale_down_plausible,
 )
 
-__all__ = ["FORBIDDEN_BACKOFF_S", "RankingScope", "VictimRanker", "parse_scope"]
+__all__ = ["FORBIDDEN_BACKOFF_S", "VictimRanker"]
 
 log = structlog.get_logger(__name__)
 
@@ -56,32 +56,6 @@ NOT_PLAUSIBLE: Final = "not_plausible"
 NO_PODS: Final = "no_pods"  # the fleet's discovery names no pods (static endpoints, dnsName)
 FORBIDDEN_BACKOFF: Final = "forbidden_backoff"
 BUSY: Final = "busy"  # the previous pass is still writing
-
-
-@dataclass(frozen=True, slots=True)
-class RankingScope:
-    """Where ranking is on: every namespace (``all_namespaces``) or the listed ones."""
-
-    namespaces: frozenset[str] = frozenset()
-    all_namespaces: bool = False
-
-    def __contains__(self, namespace: object) -> bool:
-        return self.all_namespaces or namespace in self.namespaces
-
-    @property
-    def enabled(self) -> bool:
-        return self.all_namespaces or bool(self.namespaces)
-
-
-def parse_scope(raw: str) -> RankingScope:
-    """``--victim-ranking``: empty (off), ``*`` (every namespace), or comma-separated namespace names."""
-    items = [part.strip() for part in raw.split(",") if part.strip()]
-    if items == ["*"]:
-        return RankingScope(all_namespaces=True)
-    for item in items:
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", item):
-            raise ValueError(f"--victim-ranking {raw!r}: {item!r} is not a namespace name; accepted: * | ns1,ns2,...")
-    return RankingScope(frozenset(items))
 
 
 @dataclass

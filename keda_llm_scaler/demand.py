@@ -94,6 +94,11 @@ QUEUE_KNEE_SLO_SHARE: Final = 0.5  # with one: half the SLO spent waiting to be 
 MIX_TOLERANCE: Final = 0.3  # a capacity reading describes mixes within 30 % of its tokens per request
 DEMAND_WINDOW_S: Final = 300.0  # the calm window by default (demandWindow; ScoringParams takes it from here)
 TREND_WINDOW_SHARE: Final = 1.2  # the trend is read over 1.2x the calm window (360 s by default)
+# Every window scales with the calm one, so a demand window shortened for a faster clock (the demo runs 12x)
+# shortens them all: a replica's served rate is read over 0.1x it (30 s by default), and not in its first
+# 0.4x (120 s: least-loaded routing floods a new pod); a tipping episode ends after 0.1x without one.
+SERVED_WINDOW_PARTS: Final = 10  # the served window is the calm one over this (a division: 30.0 exactly)
+SETTLE_SERVED_WINDOWS: Final = 4  # a new replica's settle, in served windows
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +113,16 @@ class DemandConfig:
     def trend_window_s(self) -> float:
         """The growth's window, in proportion to the calm one (360 s at the default 300 s)."""
         return TREND_WINDOW_SHARE * self.calm_window_s
+
+    @property
+    def served_window_s(self) -> float:
+        """A replica's served rate, and the load before a tipping, are read over this (30 s by default)."""
+        return self.calm_window_s / SERVED_WINDOW_PARTS
+
+    @property
+    def settle_s(self) -> float:
+        """A replica's first seconds teach no served rate (120 s by default)."""
+        return SETTLE_SERVED_WINDOWS * self.served_window_s
 
     @property
     def history_s(self) -> float:
@@ -282,8 +297,6 @@ SAMPLE_MAX_AGE_S: Final = 3600.0  # without token counters: a capacity reading o
 MIN_MIX_REQUESTS: Final = 20
 FILLING_SHARE: Final = 1.1  # a running batch 10 % larger than a scrape ago is still filling
 HEALTHY_TTFT_SHARE: Final = 0.25  # served healthily: first tokens within a quarter of the SLO on average
-SERVED_WINDOW_S: Final = 30.0  # a replica's served rate is read over this long, every interval healthy
-SERVED_SETTLE_S: Final = 120.0  # not in a replica's first minutes: least-loaded routing floods a new pod
 SERVED_SAMPLES: Final = 256
 SERVED_TRUST: Final = 1.2  # a capacity read from KV or from a tipping is believed up to 1.2x the rate replicas served
 
@@ -323,6 +336,17 @@ def _mean_wait(
     return waited / n
 
 
+def _keep_covering(
+    intervals: deque[tuple[float, float, float]] | deque[tuple[float, float, float, float]], since: float
+) -> None:
+    """Drop the oldest intervals (end, ..., length, ...) while the rest still cover everything from ``since``:
+    the interval that straddles it stays, so real scrapes, which never land on exact ticks, fill a window
+    (dropping every interval that starts before ``since`` left 25 of 30 s at a jittery 5 s scrape, and no
+    served rate or tipping load was ever read outside the simulator's exact clock)."""
+    while len(intervals) > 1 and intervals[1][0] - intervals[1][2] <= since + 1e-9:
+        intervals.popleft()
+
+
 class DemandTracker:
     def __init__(
         self,
@@ -356,8 +380,8 @@ class DemandTracker:
         self._first_seen: dict[str, float] = {}
         self._intervals: dict[str, deque[tuple[float, float, float, float]]] = {}  # (t, arrived, dt, util)
         self._last_tipped: float | None = None  # when a replica was last seen going past its knee
-        self._own: dict[str, deque[tuple[float, float, float]]] = {}  # (t, arrived, dt) over SERVED_WINDOW_S
-        self._recent: deque[tuple[float, float, float]] = deque()  # (t, arrivals, replica-s) over SERVED_WINDOW_S
+        self._own: dict[str, deque[tuple[float, float, float]]] = {}  # (t, arrived, dt) over the served window
+        self._recent: deque[tuple[float, float, float]] = deque()  # (t, arrivals, replica-s) over the served window
         # (t, req/s, mix): the load per replica at each onset of an episode past the knee (_note_tipped)
         self._tipped: deque[tuple[float, float, Mix | None]] = deque(maxlen=CAPACITY_SAMPLES)
         self._served: list[tuple[float, float, Mix | None]] = []  # (req/s, t, mix): the highest SERVED_SAMPLES
@@ -450,13 +474,12 @@ class DemandTracker:
             )
             own = self._own.setdefault(r.url, deque())
             own.append((now, came, dt))
-            while own and own[0][0] - own[0][2] < now - SERVED_WINDOW_S - 1e-9:
-                own.popleft()
+            _keep_covering(own, now - self.config.served_window_s)
             if finished > last.finished and saturated:
                 self._capacity.append((now, r.url, max(0.0, took) / dt, self.mix(now)))
                 if not filling:
                     span = math.fsum(d for _, _, d in own)
-                    rate = math.fsum(a for _, a, _ in own) / span if span >= SERVED_WINDOW_S - 1e-9 else 0.0
+                    rate = math.fsum(a for _, a, _ in own) / span if span >= self.config.served_window_s - 1e-9 else 0.0
                     tipped_own = max(tipped_own or 0.0, rate)
             healthy = not (
                 saturated
@@ -485,8 +508,9 @@ class DemandTracker:
         self._add_arrivals(now, arrivals, util, covered_s, len(members))
 
     def _note_served(self, now: float, url: str, arrived: float, dt: float, healthy: bool, util: float) -> None:
-        """A replica's arrivals over the last SERVED_WINDOW_S, every interval of it healthy (no kept queue,
-        KV below SATURATED_KV, no preemption, reject or long wait), is a rate it served within its knee;
+        """A replica's arrivals over the last served window (30 s by default), every interval of it healthy
+        (no kept queue, KV below SATURATED_KV, no preemption, reject or long wait), is a rate it served within
+        its knee;
         counted only where it was busy (KV-read utilization at least MIN_PROVISIONAL_UTILIZATION), so
         that a fleet that never worked does not take its trickle for a capacity and stay up."""
         first = self._first_seen.setdefault(url, now - dt)
@@ -495,11 +519,10 @@ class DemandTracker:
             runs.clear()
             return
         runs.append((now, arrived, dt, util))
-        while runs and runs[0][0] - runs[0][2] < now - SERVED_WINDOW_S - 1e-9:
-            runs.popleft()
+        _keep_covering(runs, now - self.config.served_window_s)
         span = math.fsum(d for _, _, d, _ in runs)
         busy = math.fsum(u * d for _, _, d, u in runs) >= MIN_PROVISIONAL_UTILIZATION * span
-        if busy and span >= SERVED_WINDOW_S - 1e-9 and now - span >= first + SERVED_SETTLE_S:
+        if busy and span >= self.config.served_window_s - 1e-9 and now - span >= first + self.config.settle_s:
             reading = (math.fsum(a for _, a, _, _ in runs) / span, now, self.mix(now))
             # only the highest readings matter (the bound is their maximum on the mix): a min-heap of them
             if len(self._served) < SERVED_SAMPLES:
@@ -508,27 +531,27 @@ class DemandTracker:
                 heapq.heapreplace(self._served, reading)
 
     def _note_tipped(self, now: float, arrivals: float, covered_s: float, tipped_own: float | None) -> None:
-        """At the onset of an episode past the knee (a replica going past it after SERVED_WINDOW_S with
+        """At the onset of an episode past the knee (a replica going past it after a served window (30 s) with
         none that did), the load per replica that took it there: the fleet's arrivals per replica over
-        the last SERVED_WINDOW_S, or the tipping replica's own if higher (least-loaded routing sends less
+        the last served window, or the tipping replica's own if higher (least-loaded routing sends less
         to a full replica; affinity routing sends one replica more than the fleet's share)."""
         self._recent.append((now, arrivals, covered_s))
-        while self._recent and self._recent[0][0] <= now - SERVED_WINDOW_S - 1e-9:
+        while self._recent and self._recent[0][0] <= now - self.config.served_window_s - 1e-9:
             self._recent.popleft()
         if tipped_own is None:
             return
-        onset = self._last_tipped is None or now - self._last_tipped > SERVED_WINDOW_S
+        onset = self._last_tipped is None or now - self._last_tipped > self.config.served_window_s
         self._last_tipped = now
         # within an episode a fleet kept past its knee reads its overload, and a failed scrape or a KV
         # reading flickering around SATURATED_KV must not start a new one
         replica_s = math.fsum(c for _, _, c in self._recent)
-        if onset and replica_s > 0 and now - self._recent[0][0] >= SERVED_WINDOW_S - BIN_S:
+        if onset and replica_s > 0 and now - self._recent[0][0] >= self.config.served_window_s - self.bin_s:
             fleet = math.fsum(a for _, a, _ in self._recent) / replica_s
             if (rate := max(fleet, tipped_own)) > 0:
                 self._tipped.append((now, rate, self.mix(now)))
 
     def served(self, now: float | None) -> float | None:
-        """The highest rate one replica served healthily over SERVED_WINDOW_S, on this mix (a lower bound
+        """The highest rate one replica served healthily over the served window, on this mix (a lower bound
         of its capacity, however the knee is shaped), never above the rate replicas tipped over at
         (``tipped``, from the first onset); None before any such reading."""
         mix = self.mix(now)

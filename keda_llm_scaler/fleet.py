@@ -64,8 +64,10 @@ class Evaluation:
     replicas: tuple[ReplicaReport, ...]
     composite: Composite | None
     error: str | None  # why composite is None
-    waiting: float = 0.0
-    running: float = 0.0
+    # Fleet signals over the replicas with good data (fresh, or stale inside staleAfter); None when no
+    # replica has any: a fleet that never answered has no queue reading, which is not an empty queue.
+    waiting: float | None = None
+    running: float | None = None
     kv_usage: float | None = None
     reject_rate: float | None = None
     preemption_rate: float | None = None
@@ -280,8 +282,8 @@ class FleetState:
             replicas=reports,
             composite=comp,
             error=error,
-            waiting=math.fsum(r.signals.waiting for r in live if r.signals),
-            running=math.fsum(r.signals.running for r in live if r.signals),
+            waiting=math.fsum(r.signals.waiting for r in live if r.signals) if live else None,
+            running=math.fsum(r.signals.running for r in live if r.signals) if live else None,
             kv_usage=(math.fsum(r.signals.kv_usage for r in live if r.signals) / len(live)) if live else None,
             reject_rate=_sum_known(r.reject_rate for r in live),
             preemption_rate=_sum_known(r.preemption_rate for r in live),

@@ -33,9 +33,7 @@ from typing import Any, Final
 
 import httpx
 
-from keda_llm_scaler.membership import pod_key
-
-__all__ = ["KubeClient", "KubeConfig", "KubeError", "PatchResult", "label_selector"]
+__all__ = ["KubeClient", "KubeConfig", "KubeError", "PatchResult", "label_selector", "object_key"]
 
 SA_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REFRESH_S: Final = 60.0
@@ -112,48 +110,79 @@ class KubeConfig:
 
     @classmethod
     def from_kubeconfig(cls, path: Path, context: str | None = None) -> KubeConfig:
-        """The cluster and user of ``context`` (default: current-context) in a kubeconfig file."""
+        """The cluster and user of ``context`` (default: current-context) in a kubeconfig file.
+
+        Every problem is one KubeError line naming the file (``serve`` prints it and exits 2)."""
         import yaml  # only development setups read kubeconfigs
 
+        where = f"--kubeconfig {path}"
         try:
-            doc = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise KubeError(f"kubeconfig {path}: {exc}") from exc
+            doc = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise KubeError(f"{where}: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or type(exc).__name__
+            raise KubeError(f"{where}: not valid YAML{at}: {problem}") from None
+        if doc is None:
+            doc = {}
+        if not isinstance(doc, dict):
+            kind = {"str": "string", "int": "number", "float": "number", "bool": "boolean"}.get(
+                type(doc).__name__, type(doc).__name__
+            )
+            raise KubeError(
+                f"{where}: not a kubeconfig (a YAML mapping with clusters, contexts and users) but a YAML {kind}"
+            )
 
         def named(kind: str, name: str) -> dict[str, Any]:
-            for item in doc.get(kind) or []:
-                if item.get("name") == name:
-                    return dict(item.get(kind[:-1]) or {})
-            raise KubeError(f"kubeconfig {path}: no {kind[:-1]} named {name!r}")
+            items = doc.get(kind) or []
+            if not isinstance(items, list):
+                raise KubeError(f"{where}: {kind} is not a list")
+            for item in items:
+                if isinstance(item, dict) and item.get("name") == name:
+                    body = item.get(kind[:-1]) or {}
+                    if not isinstance(body, dict):
+                        raise KubeError(f"{where}: {kind[:-1]} {name!r} is not a mapping")
+                    return dict(body)
+            raise KubeError(f"{where}: no {kind[:-1]} named {name!r}")
 
         ctx_name = context or doc.get("current-context")
         if not ctx_name:
-            raise KubeError(f"kubeconfig {path}: no current-context and no --kube-context")
-        ctx = named("contexts", ctx_name)
-        cluster, user = named("clusters", ctx["cluster"]), named("users", ctx["user"])
+            raise KubeError(f"{where}: no current-context and no --kube-context")
+        ctx = named("contexts", str(ctx_name))
+        for key in ("cluster", "user"):
+            if not ctx.get(key):
+                raise KubeError(f"{where}: context {ctx_name!r} names no {key}")
+        cluster, user = named("clusters", str(ctx["cluster"])), named("users", str(ctx["user"]))
+        if not cluster.get("server"):
+            raise KubeError(f"{where}: cluster {ctx['cluster']!r} has no server")
         if "exec" in user or "auth-provider" in user:
             raise KubeError(
-                f"kubeconfig {path}: user {ctx['user']!r} uses an exec/auth-provider plugin; "
-                "use a token or client certificate"
+                f"{where}: user {ctx['user']!r} uses an exec/auth-provider plugin; use a token or client certificate"
             )
         base = path.parent
         private = Path(tempfile.mkdtemp(prefix="keda-llm-scaler-kube-"))
 
         def file_or_data(file_key: str, data_key: str, source: dict[str, Any], name: str) -> Path | None:
             if source.get(data_key):
+                try:
+                    data = base64.b64decode(str(source[data_key]))
+                except ValueError:
+                    raise KubeError(f"{where}: {data_key} is not base64") from None
                 out = private / name
-                out.write_bytes(base64.b64decode(source[data_key]))
+                out.write_bytes(data)
                 out.chmod(0o600)
                 return out
             if source.get(file_key):
                 return (base / str(source[file_key])).resolve()
             return None
 
-        token_file = Path(user["tokenFile"]) if user.get("tokenFile") else None
+        token_file = Path(str(user["tokenFile"])) if user.get("tokenFile") else None
         return cls(
             api_url=str(cluster["server"]).rstrip("/"),
             token_file=token_file,
-            token=user.get("token"),
+            token=str(user["token"]) if user.get("token") else None,
             ca_file=file_or_data("certificate-authority", "certificate-authority-data", cluster, "ca.crt"),
             client_cert_file=file_or_data("client-certificate", "client-certificate-data", user, "client.crt"),
             client_key_file=file_or_data("client-key", "client-key-data", user, "client.key"),
@@ -434,8 +463,20 @@ class KubeClient:
         await self._watch_http.aclose()
 
 
+def object_key(meta: Mapping[str, Any], namespace: str = "") -> str | None:
+    """An object's identity from its metadata (or an object reference, such as an endpoint's ``targetRef``):
+    its UID, else namespace/name (``namespace`` when the metadata names none); None without either."""
+    uid = meta.get("uid")
+    if isinstance(uid, str) and uid:
+        return uid
+    name = meta.get("name")
+    if isinstance(name, str) and name:
+        return f"{meta.get('namespace') or namespace}/{name}"
+    return None
+
+
 def _object_key(obj: dict[str, Any]) -> str | None:
-    return pod_key(obj.get("metadata") or {})  # UID, else namespace/name: any object, not only pods
+    return object_key(obj.get("metadata") or {})  # UID, else namespace/name: any object, not only pods
 
 
 class Informer:

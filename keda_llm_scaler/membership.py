@@ -1,5 +1,5 @@
 """Who is in a fleet, and in which phase: the pods behind a Service's EndpointSlices or a workload's
-selector, as typed members. Pure: the objects and the clock are passed in.
+selector, as typed members. Pure: the objects (as keda_llm_scaler.kube lists them) and the clock are passed in.
 
 Members are keyed by pod (UID, else namespace/name from the endpoint's ``targetRef``), never by address,
 so the IPv4 and IPv6 slices of a dual-stack Service, or a pod listed in two slices, count once. Phases:
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
+from keda_llm_scaler.kube import object_key
 from keda_llm_scaler.victims import ANNOTATION, parse_cost
 
 __all__ = [
@@ -34,7 +35,6 @@ __all__ = [
     "Membership",
     "from_endpointslices",
     "from_pods",
-    "pod_key",
     "pod_phase",
     "scrape_url",
 ]
@@ -107,16 +107,6 @@ def parse_time(value: object) -> float | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
-
-
-def pod_key(meta: Mapping[str, Any], namespace: str = "") -> str | None:
-    uid = meta.get("uid")
-    if isinstance(uid, str) and uid:
-        return uid
-    name = meta.get("name")
-    if isinstance(name, str) and name:
-        return f"{meta.get('namespace') or namespace}/{name}"
-    return None
 
 
 def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -274,7 +264,7 @@ def from_endpointslices(
             addresses = [a for a in endpoint.get("addresses") or [] if isinstance(a, str)]
             ref = endpoint.get("targetRef") or {}
             is_pod = ref.get("kind", "Pod") == "Pod"
-            key = pod_key(ref, str(ref.get("namespace") or "")) if is_pod else None
+            key = object_key(ref, str(ref.get("namespace") or "")) if is_pod else None
             if key is not None and ref.get("name"):
                 refs[key] = (str(ref.get("namespace") or ""), str(ref["name"]))
             key = key or (addresses[0] if addresses else None)
@@ -339,7 +329,7 @@ def from_pods(
         if is_gone(pod):
             continue
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-        key = pod_key(meta)
+        key = object_key(meta)
         if key is None:
             continue
         ip = status.get("podIP")

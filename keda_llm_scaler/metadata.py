@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import ipaddress
 import math
 import re
@@ -128,6 +129,12 @@ class TriggerConfig:
         """Identity of a target: one ScaledObject's fleet as this trigger describes it (every field, in
         order)."""
         return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    @property
+    def target_id(self) -> str:
+        """The ``target`` label on the scaler's own metrics: stable across processes (unlike hash()), so a
+        client that parses the same metadata (``keda-llm-scaler probe``) finds its target's series."""
+        return hashlib.sha256(repr(self.key).encode()).hexdigest()[:8]
 
     @property
     def fleet_key(self) -> tuple[object, ...]:

@@ -7,6 +7,10 @@ transport), whose pure-Python HTTP/1.1 and anyio layers were most of a scrape's 
 shared httpx pool was worse still: nothing reused past its size, and a walk over every pooled connection
 on each request and release.
 
+Two classes: ``Scraper`` is the gate (the concurrency slots) and fetches nothing itself; ``Fetcher`` fetches
+and parses. Once a scrape has its slots, the Scraper hands it to its own Fetcher on this event loop, or to the
+scrape worker processes (``keda_llm_scaler.workers``), each of which runs a Fetcher.
+
 Every scrape has a hard deadline covering the wait for a concurrency slot (the fleet's, the namespace's,
 then the process-wide one), connect, headers and body, so neither a replica that drips bytes slowly nor a
 fleet of hung replicas can hold a cycle past ``scrapeTimeout`` or take every slot from other fleets.
@@ -22,25 +26,23 @@ import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 import aiohttp
 import httpx  # only for its TLS defaults (certifi), as the scrape client had them before
 import yarl
 
+from keda_llm_scaler import __version__
 from keda_llm_scaler.addresses import GuardedResolver, RefusedAddress, refusal
 from keda_llm_scaler.engines import read_replica
 from keda_llm_scaler.errors import ReplicaError
 from keda_llm_scaler.promtext import TextFormatError
 from keda_llm_scaler.signals import ReplicaSignals
 
-if TYPE_CHECKING:
-    from keda_llm_scaler.workers import ScrapeWorkers
-
-__all__ = ["DEFAULT_MAX_BYTES", "ScrapeResult", "Scraper"]
+__all__ = ["DEFAULT_MAX_BYTES", "Fetcher", "RemoteFetcher", "ScrapeResult", "Scraper"]
 
 DEFAULT_MAX_BYTES: Final = 8 * 1024 * 1024  # a DP=8 vLLM pod serves ~0.36 MB; 20x headroom
-USER_AGENT: Final = "keda-llm-scaler/0.1"
+USER_AGENT: Final = f"keda-llm-scaler/{__version__}"  # the package metadata: one version source
 PER_FLEET_CONCURRENCY: Final = 16  # at most this many of one fleet's scrapes in flight...
 PER_FLEET_SHARE: Final = 0.25  # ...and at most this share of the process-wide slots (16 of the default 64)
 PER_NAMESPACE_SHARE: Final = 0.5  # all fleets of one namespace (tenant) together: half the process's slots
@@ -76,24 +78,16 @@ class _HttpStatus(Exception):
         self.status = status
 
 
-class Scraper:
-    def __init__(
-        self,
-        *,
-        max_bytes: int = DEFAULT_MAX_BYTES,
-        max_concurrency: int = 64,
-        keepalive_budget: int = 4096,
-        workers: ScrapeWorkers | None = None,
-    ) -> None:
-        """``workers``: fetch and parse in worker processes (``serve``); else on this event loop."""
+class Fetcher:
+    """Fetches one replica's /metrics and reads it into signals: the HTTP client (one session, a kept-alive
+    connection per replica while the budget lasts), the size cap, the parse. Takes no slots: a Scraper
+    (or the scaler, for a worker process's Fetcher) has taken them."""
+
+    def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES, keepalive_budget: int = 4096) -> None:
         self.max_bytes = max_bytes
-        self.workers = workers
-        self.max_concurrency = max_concurrency
         # open keep-alive connections allowed in all (one per replica); past it, connections close after
         # each scrape, so a huge fleet cannot exhaust the process's file descriptors
         self.keepalive_budget = keepalive_budget
-        self._namespaces: dict[str, asyncio.Semaphore] = {}
-        self._sem = asyncio.Semaphore(max_concurrency)
         self._ssl = httpx.create_ssl_context()  # certifi's roots, as the scrape client has always had
         self._session: aiohttp.ClientSession | None = None  # made on first use, on the loop that scrapes
         self._kept: dict[str, float] = {}  # origins allowed a kept-alive connection -> last scraped
@@ -122,8 +116,6 @@ class Scraper:
         return self._session
 
     async def aclose(self) -> None:
-        if self.workers is not None:
-            await self.workers.aclose()
         session, self._session = self._session, None
         self._kept.clear()
         if session is not None:
@@ -189,52 +181,6 @@ class Scraper:
                 chunks.append(chunk)
             return b"".join(chunks)
 
-    def namespace_limit(self, namespace: str) -> asyncio.Semaphore:
-        """The slots all fleets of one namespace share: one tenant's silent endpoints cannot take them all."""
-        sem = self._namespaces.get(namespace)
-        if sem is None:
-            sem = self._namespaces[namespace] = asyncio.Semaphore(
-                max(1, int(self.max_concurrency * PER_NAMESPACE_SHARE))
-            )
-        return sem
-
-    def fleet_limit(self) -> asyncio.Semaphore:
-        """A fleet's own concurrency limit (taken before the process-wide one)."""
-        return asyncio.Semaphore(max(1, min(PER_FLEET_CONCURRENCY, int(self.max_concurrency * PER_FLEET_SHARE))))
-
-    async def scrape(
-        self,
-        url: str,
-        *,
-        timeout: float,
-        engine: str,
-        model: str | None,
-        limits: Sequence[asyncio.Semaphore] = (),
-    ) -> ScrapeResult:
-        """``limits``: the fleet's and the namespace's slots, taken (in order, then the process-wide one)
-        inside the deadline. With ``workers``, the fetch and the parse run in a worker process."""
-        start = time.perf_counter()
-        slots = contextlib.AsyncExitStack()
-        try:
-            try:
-                # only the wait for a slot is cancelled at the deadline (safe: nothing is in flight yet)
-                async with asyncio.timeout(timeout):
-                    for sem in (*limits, self._sem):
-                        await slots.enter_async_context(sem)
-            except TimeoutError:
-                waited = time.perf_counter() - start
-                detail = f"no free scrape slot within {timeout:g}s (fleet or process limit)"
-                return ScrapeResult(url, None, "throttled", detail, 0.0, 0, waited)
-            waited = time.perf_counter() - start
-            left = max(0.001, timeout - waited)
-            if self.workers is not None:
-                result = await self.workers.fetch_and_read(url, left, engine, model)
-            else:
-                result = await self.fetch_and_read(url, left, engine, model, release=slots.aclose)
-        finally:
-            await slots.aclose()
-        return dataclasses.replace(result, wait_s=waited)
-
     async def fetch_and_read(
         self,
         url: str,
@@ -286,3 +232,87 @@ class Scraper:
             # close-delimited answer that dropped), and its last value may be a prefix ("0.95" as "0.")
             return result(None, "parse_error", "body does not end in a newline: cut short")
         return result(signals, None)
+
+
+class RemoteFetcher(Protocol):
+    """Fetches and parses in other processes: ``keda_llm_scaler.workers.ScrapeWorkers``, each worker a Fetcher."""
+
+    async def fetch_and_read(self, url: str, timeout: float, engine: str, model: str | None) -> ScrapeResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Scraper:
+    """The scrape slots: a scrape takes its fleet's, its namespace's and the process-wide slot, in that order
+    and inside its deadline, then hands the fetch and the parse to the worker processes (``workers``) or to
+    its own Fetcher on this event loop. Fetches nothing itself."""
+
+    def __init__(
+        self,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_concurrency: int = 64,
+        keepalive_budget: int = 4096,
+        workers: RemoteFetcher | None = None,
+    ) -> None:
+        """``workers``: fetch and parse in worker processes (``serve``); else in a Fetcher on this event loop,
+        made with ``max_bytes`` and ``keepalive_budget`` (the workers' Fetchers have their own)."""
+        self.workers = workers
+        self.fetcher = None if workers is not None else Fetcher(max_bytes=max_bytes, keepalive_budget=keepalive_budget)
+        self.max_concurrency = max_concurrency
+        self._namespaces: dict[str, asyncio.Semaphore] = {}
+        self._sem = asyncio.Semaphore(max_concurrency)
+
+    async def aclose(self) -> None:
+        if self.workers is not None:
+            await self.workers.aclose()
+        if self.fetcher is not None:
+            await self.fetcher.aclose()
+
+    def namespace_limit(self, namespace: str) -> asyncio.Semaphore:
+        """The slots all fleets of one namespace share: one tenant's silent endpoints cannot take them all."""
+        sem = self._namespaces.get(namespace)
+        if sem is None:
+            sem = self._namespaces[namespace] = asyncio.Semaphore(
+                max(1, int(self.max_concurrency * PER_NAMESPACE_SHARE))
+            )
+        return sem
+
+    def fleet_limit(self) -> asyncio.Semaphore:
+        """A fleet's own concurrency limit (taken before the process-wide one)."""
+        return asyncio.Semaphore(max(1, min(PER_FLEET_CONCURRENCY, int(self.max_concurrency * PER_FLEET_SHARE))))
+
+    async def scrape(
+        self,
+        url: str,
+        *,
+        timeout: float,
+        engine: str,
+        model: str | None,
+        limits: Sequence[asyncio.Semaphore] = (),
+    ) -> ScrapeResult:
+        """``limits``: the fleet's and the namespace's slots, taken (in order, then the process-wide one)
+        inside the deadline. With ``workers``, the fetch and the parse run in a worker process."""
+        start = time.perf_counter()
+        slots = contextlib.AsyncExitStack()
+        try:
+            try:
+                # only the wait for a slot is cancelled at the deadline (safe: nothing is in flight yet)
+                async with asyncio.timeout(timeout):
+                    for sem in (*limits, self._sem):
+                        await slots.enter_async_context(sem)
+            except TimeoutError:
+                waited = time.perf_counter() - start
+                detail = f"no free scrape slot within {timeout:g}s (fleet or process limit)"
+                return ScrapeResult(url, None, "throttled", detail, 0.0, 0, waited)
+            waited = time.perf_counter() - start
+            left = max(0.001, timeout - waited)
+            if self.workers is not None:  # fetched and parsed in a worker: the slots are held until it answers
+                result = await self.workers.fetch_and_read(url, left, engine, model)
+            else:
+                assert self.fetcher is not None  # made in __init__ whenever there are no workers
+                # the Fetcher releases the slots once the body is in, before the parse
+                result = await self.fetcher.fetch_and_read(url, left, engine, model, release=slots.aclose)
+        finally:
+            await slots.aclose()
+        return dataclasses.replace(result, wait_s=waited)

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
+import os
+import re
 import signal
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -21,9 +26,10 @@ from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_llm_scaler.addresses import set_policy
 from keda_llm_scaler.config import Settings, address_policy, describe
-from keda_llm_scaler.deletion_cost import VictimRanker, parse_scope
+from keda_llm_scaler.deletion_cost import VictimRanker
 from keda_llm_scaler.kube import KubeClient, KubeConfig, KubeError
 from keda_llm_scaler.loops import ScrapeLoop
+from keda_llm_scaler.ranking_scope import parse_scope
 from keda_llm_scaler.registry import TargetRegistry
 from keda_llm_scaler.request_limit import MAX_REQUEST_BYTES, RequestLimitInterceptor
 from keda_llm_scaler.scrape import Scraper
@@ -31,7 +37,7 @@ from keda_llm_scaler.service import ExternalScalerService
 from keda_llm_scaler.telemetry import ScalerMetrics
 from keda_llm_scaler.workers import ScrapeWorkers, worker_count
 
-__all__ = ["HEALTH_SERVICES", "ScalerServer", "run"]
+__all__ = ["HEALTH_SERVICES", "BindError", "ScalerServer", "run"]
 
 log = structlog.get_logger(__name__)
 
@@ -62,6 +68,58 @@ def _kube_client(settings: Settings) -> KubeClient | None:
         return KubeClient(KubeConfig.from_kubeconfig(settings.kubeconfig, settings.kube_context or None))
     in_cluster = KubeConfig.in_cluster()
     return KubeClient(in_cluster) if in_cluster is not None else None
+
+
+class BindError(Exception):
+    """A port of the settings cannot be listened on: one line that names the flag, for the operator."""
+
+
+# What the kernel says when a bind fails (gRPC C-core logs the same strerror text), and what to do about it.
+_BIND_PROBLEMS: Final = {
+    errno.EADDRINUSE: "is already in use (another process listens there); stop it or choose another port",
+    errno.EACCES: "needs privileges (a port below 1024); choose a port of 1024 or above",
+}
+# C-core's log prefix: "E1203 14:11:16.747806   17935 add_port.cc:83] "
+_C_LOG_PREFIX: Final = re.compile(r"^[EWIF]\d{4} [\d:.]+\s+\d+ \S+\] ", re.M)
+
+
+def _bind_error(flag: str, host: str, port: int, reason: str) -> BindError:
+    if os.strerror(errno.EADDRNOTAVAIL) in reason:
+        return BindError(f"--host {host}: not an address of this host; use one of its addresses, or 0.0.0.0")
+    if "lookup failed" in reason:  # gRPC resolves a host name itself
+        return BindError(f"--host {host}: the name does not resolve; use an address of this host, or 0.0.0.0")
+    for code, advice in _BIND_PROBLEMS.items():
+        if os.strerror(code) in reason:
+            return BindError(f"{flag} {port}: {host}:{port} {advice}")
+    last = " ".join(_C_LOG_PREFIX.sub("", reason).split())  # one line, without C-core's log prefix
+    return BindError(f"{flag} {port}: cannot listen on {host}:{port}: {last or 'gRPC could not bind it'}")
+
+
+def _quiet_c_stderr(call: Callable[[], int]) -> tuple[int, str]:
+    """Run ``call`` with file descriptor 2 captured; return its result and what C code wrote there.
+
+    gRPC C-core logs a failed bind itself ("E... add_port.cc ... Address already in use"), from C, straight
+    to fd 2: Python's sys.stderr never sees it, and GRPC_VERBOSITY would silence the server's later errors
+    too. Capturing fd 2 around this one call (nothing else runs yet: the scrape loop and workers start
+    after the ports are bound) turns it into the reason of our own one-line message, and loses nothing
+    when the bind works: what was captured is written back.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            result = call()
+        except RuntimeError:  # grpcio raises this when no address could be bound
+            result = 0
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        text = captured.read().decode(errors="replace")
+    if result and text:
+        sys.stderr.write(text)
+    return result, text
 
 
 class _TlsFiles:
@@ -206,25 +264,24 @@ class ScalerServer:
             ),
             self.grpc,
         )
-        try:
-            self.grpc_port = self._bind()
-        except RuntimeError:  # grpcio raises this when the address cannot be bound
-            self.grpc_port = 0
+        # Both ports are bound before anything starts (threads, workers, the gRPC server), so a port in use
+        # ends start() with nothing to stop and a BindError naming the flag.
+        s = self.settings
+        self.grpc_port, reason = _quiet_c_stderr(self._bind)
         if self.grpc_port == 0:
-            raise OSError(
-                f"could not listen on {self.settings.host}:{self.settings.grpc_port} (in use, or not an "
-                "address of this host)"
-            )
+            raise _bind_error("--grpc-port", s.host, s.grpc_port, reason)
+        try:
+            self._http, _ = start_http_server(s.metrics_port, addr=s.host, registry=self.metrics.registry)
+        except OSError as exc:
+            await self.grpc.stop(None)  # releases the gRPC port it has bound
+            raise _bind_error("--metrics-port", s.host, s.metrics_port, exc.strerror or str(exc)) from None
+        self.metrics_port = self._http.server_port
         for name in HEALTH_SERVICES:
             await self.health.set(name, _SERVING)
         self.scrape_loop.start()  # before the first RPC can create a fleet
         if self.workers is not None:
             await self.scrape_loop.run(self.workers.start())  # their sockets belong to the scrape loop
         await self.grpc.start()
-        self._http, _ = start_http_server(
-            self.settings.metrics_port, addr=self.settings.host, registry=self.metrics.registry
-        )
-        self.metrics_port = self._http.server_port
         self._tasks = [
             asyncio.create_task(self.registry.run_evictor(), name="evictor"),
             asyncio.create_task(self._watch_readiness(), name="readiness"),
@@ -289,14 +346,19 @@ SWITCH_INTERVAL_S = 0.001
 
 
 async def run(settings: Settings) -> None:
-    server = ScalerServer(settings)
-    await server.start()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    # The signals are taken first: a Ctrl-C or SIGTERM during start-up (workers starting, ports binding)
+    # then waits for start() to finish and stops the server as at any other time, instead of breaking
+    # start() halfway with its threads, workers and sockets open.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.stop()
+    server = ScalerServer(settings)
+    await server.start()
+    try:
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        await stop.wait()
+    finally:
+        await server.stop()

@@ -106,8 +106,7 @@ class Target:
 
     def __init__(self, cfg: TriggerConfig, worker: FleetWorker, clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
-        # Stable across processes (unlike hash()): the `target` label on the scaler's own metrics.
-        self.id = hashlib.sha256(repr(cfg.key).encode()).hexdigest()[:8]
+        self.id = cfg.target_id
         self.worker = worker
         self._clock = clock
         self.snapshot: Snapshot | None = None

@@ -1,6 +1,5 @@
-"""The scaler's own logs and metrics.
+"""The scaler's own metrics (its logs: keda_llm_scaler.logs).
 
-Logs: structlog, JSON lines on stdout (console rendering on a TTY), configured once at start.
 Metrics: a private CollectorRegistry. Per-target values are read from the latest snapshots at
 scrape time by a custom collector, so an evicted target or a replica that left leaves no stale series.
 """
@@ -8,13 +7,10 @@ scrape time by a custom collector, so an evicted target or a replica that left l
 from __future__ import annotations
 
 import contextlib
-import logging
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Final
 
-import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -31,34 +27,10 @@ from keda_llm_scaler.target import Target
 if TYPE_CHECKING:
     from keda_llm_scaler.workers import ScrapeWorkers
 
-__all__ = ["ScalerMetrics", "configure_logging"]
+__all__ = ["ScalerMetrics"]
 
 VERSION: Final = __version__
 _TARGET_LABELS: Final = ("namespace", "scaledobject", "target")
-
-
-def configure_logging(level: str = "info", json: bool | None = None) -> None:
-    """Configure structlog (and stdlib logging from grpc/httpx) once, at process start."""
-    if json is None:
-        json = not sys.stdout.isatty()
-    renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
-    )
-    numeric = logging.getLevelNamesMapping()[level.upper()]
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.WriteLoggerFactory(sys.stdout),
-        cache_logger_on_first_use=True,
-    )
-    logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # httpx logs every request at INFO
 
 
 class _TargetCollector(Collector):
@@ -85,6 +57,8 @@ class _TargetCollector(Collector):
             "workloadClass): 1 while the fleet has members in any phase; batch, or no member: composite > "
             "activationThreshold",
         )
+        # fleet signals: absent while no replica has data (never answered, or expired), never a 0 for it;
+        # llm_scaler_replicas{state} and llm_scaler_scrape_errors_total{reason} say why
         waiting = family("waiting_requests", "Requests waiting, summed over replicas with data")
         running = family("running_requests", "Requests running, summed over replicas with data")
         kv = family("kv_usage_ratio", "Mean KV-cache usage (0-1) over replicas with data")
@@ -167,9 +141,9 @@ class _TargetCollector(Collector):
                         capacity.add_metric([*labels, d.capacity_source], d.capacity_rps)
                     startup.add_metric([*labels, d.startup_source], d.startup_s)
             ev = snap.evaluation
-            waiting.add_metric(labels, ev.waiting)
-            running.add_metric(labels, ev.running)
             optional: list[tuple[GaugeMetricFamily, float | None]] = [
+                (waiting, ev.waiting),
+                (running, ev.running),
                 (kv, ev.kv_usage),
                 (rejects, ev.reject_rate),
                 (preempt, ev.preemption_rate),

@@ -38,7 +38,7 @@ from typing import Any, Final
 import structlog
 
 from keda_llm_scaler.addresses import AddressPolicy, parse_networks, set_policy
-from keda_llm_scaler.scrape import Scraper, ScrapeResult
+from keda_llm_scaler.scrape import Fetcher, ScrapeResult
 
 __all__ = ["WORKER_FAILED", "ScrapeWorkers", "available_cpus", "worker_count"]
 
@@ -104,7 +104,8 @@ class _Worker:
 
 
 class ScrapeWorkers:
-    """The scaler side: start ``count`` workers, hand each scrape to its URL's worker, restart the dead."""
+    """The scaler side: start ``count`` workers, hand each scrape to its URL's worker, restart the dead. A
+    ``keda_llm_scaler.scrape.RemoteFetcher``: the scaler's Scraper takes the slots, then hands a scrape here."""
 
     def __init__(
         self,
@@ -147,10 +148,14 @@ class ScrapeWorkers:
         parent, child = socket.socketpair()
         try:
             worker.proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec returns at once; waits run in threads
-                [sys.executable, "-m", "keda_llm_scaler.workers", "--fd", str(child.fileno()),
+                # -P: not the working directory first on the path, where another checkout would be imported
+                [sys.executable, "-P", "-m", "keda_llm_scaler.workers", "--fd", str(child.fileno()),
                  "--config", json.dumps(self.config), "--index", str(worker.index)],
                 pass_fds=(child.fileno(),),
                 stdin=subprocess.DEVNULL,
+                # its own process group: a Ctrl-C in the terminal (sent to the whole group) is for the scaler,
+                # which stops its workers itself; a worker hit by it would die mid-import with a traceback
+                process_group=0,
             )  # fmt: skip
         finally:
             child.close()
@@ -158,27 +163,33 @@ class ScrapeWorkers:
         worker.writer = writer
         worker.started_at = time.monotonic()
         worker.ready = asyncio.Event()
+        answered = asyncio.Event()  # its hello, or its end
         worker.reader_task = asyncio.get_running_loop().create_task(
-            self._read_results(worker, reader), name=f"scrape-worker-{worker.index}"
+            self._read_results(worker, reader, answered), name=f"scrape-worker-{worker.index}"
         )
-        # its imports take a moment: wait for its hello, so the first scrapes' deadlines do not pay for them
+        # its imports take a moment: wait for its hello, so the first scrapes' deadlines do not pay for them;
+        # a worker that dies first (a Ctrl-C in the moment it was forked) is not waited for: its reader restarts it
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(worker.ready.wait(), READY_WAIT_S)
+            await asyncio.wait_for(answered.wait(), READY_WAIT_S)
         log.info("scrape_worker_started", worker=worker.index, pid=worker.proc.pid, ready=worker.ready.is_set())
 
-    async def _read_results(self, worker: _Worker, reader: asyncio.StreamReader) -> None:
+    async def _read_results(self, worker: _Worker, reader: asyncio.StreamReader, answered: asyncio.Event) -> None:
         try:
             while True:
                 request_id, result = await _read_frame(reader)
                 if request_id == 0:  # the worker's hello: it has imported everything and listens
                     worker.ready.set()
+                    answered.set()
                     continue
                 entry = worker.pending.pop(request_id, None)
                 if entry is not None and not entry[0].done():
                     entry[0].set_result(result)
         except (asyncio.IncompleteReadError, ConnectionError, OSError, ValueError, pickle.UnpicklingError) as exc:
+            answered.set()  # before the restart, which waits for the next worker's hello
             if not self._closing:
                 await self._restart(worker, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        finally:
+            answered.set()
 
     async def _restart(self, worker: _Worker, why: str) -> None:
         """Fail what the worker had in flight, then start it again (after a back-off if it keeps dying)."""
@@ -259,16 +270,14 @@ async def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
             allow=parse_networks(",".join(config["allow"]), "allow"),
         )
     )
-    # the slots are the scaler's (fleet, namespace, process); the worker runs what it is handed
-    scraper = Scraper(
-        max_bytes=config["max_bytes"], max_concurrency=1 << 20, keepalive_budget=config["keepalive_budget"]
-    )
+    # the slots are the scaler's (fleet, namespace, process: its Scraper); the worker fetches what it is handed
+    fetcher = Fetcher(max_bytes=config["max_bytes"], keepalive_budget=config["keepalive_budget"])
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     tasks: set[asyncio.Task[None]] = set()
 
     async def run(request_id: int, url: str, timeout: float, engine: str, model: str | None) -> None:
         try:
-            result = await scraper.fetch_and_read(url, timeout, engine, model)
+            result = await fetcher.fetch_and_read(url, timeout, engine, model)
         except Exception as exc:  # a bug here must fail one scrape, not the worker
             log.exception("scrape_worker_request_crashed")
             result = ScrapeResult(url, None, WORKER_FAILED, f"{type(exc).__name__} in the scrape worker", 0.0, 0)
@@ -289,7 +298,7 @@ async def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
     finally:
         for task in tasks:
             task.cancel()
-        await scraper.aclose()
+        await fetcher.aclose()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, default=0)
     args = parser.parse_args(argv)
     config = json.loads(args.config)
-    from keda_llm_scaler.telemetry import configure_logging
+    from keda_llm_scaler.logs import configure_logging
 
     configure_logging(config.get("log_level", "info"), config.get("log_json"))
     structlog.contextvars.bind_contextvars(scrape_worker=args.index)

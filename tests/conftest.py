@@ -35,8 +35,8 @@ def metrics_dir() -> Path:
 
 @pytest.fixture
 async def scaler() -> AsyncIterator[ScalerServer]:
-    """A real scaler in process on loopback ports (``tests/scalerproc.BASE``)."""
-    from tests.scalerproc import running_scaler  # only for the tests that ask: it imports the server
+    """A real scaler in process on loopback ports (``keda_llm_scaler.testing.scalerproc.BASE``)."""
+    from keda_llm_scaler.testing.scalerproc import running_scaler  # only for the tests that ask: it imports the server
 
     async with running_scaler() as server:
         yield server
@@ -44,7 +44,7 @@ async def scaler() -> AsyncIterator[ScalerServer]:
 
 @pytest.fixture
 async def channel(scaler: ScalerServer) -> AsyncIterator[grpc.aio.Channel]:
-    from tests.scalerproc import channel_to
+    from keda_llm_scaler.testing.scalerproc import channel_to
 
     async with channel_to(scaler) as ch:
         yield ch

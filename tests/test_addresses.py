@@ -17,9 +17,9 @@ from keda_llm_scaler.errors import BadMetadata
 from keda_llm_scaler.metadata import parse_trigger
 from keda_llm_scaler.scrape import Scraper
 from keda_llm_scaler.sim.keda import KedaEmulator
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import dead_port, replicas, unused_port
-from tests.scalerproc import channel_to, running_scaler
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import dead_port, replicas, unused_port
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 
 METADATA_SPELLINGS = [
     "169.254.169.254",

@@ -13,9 +13,9 @@ from keda_llm_scaler.registry import MAX_METADATA_BYTES, TargetRegistry
 from keda_llm_scaler.scrape import Scraper, ScrapeResult
 from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.telemetry import ScalerMetrics
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica
-from tests.scalerproc import channel_to, running_scaler
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import Replica
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 from tests.test_server_keda import eventually
 
 DEAD = "http://127.0.0.1:9"

@@ -568,3 +568,33 @@ def test_spread_of_a_falling_load_is_taken_around_its_trend() -> None:
     assert _falling_residuals([(0.0, 6.0), (10.0, 8.0), (20.0, 10.0)]) is None
     assert _falling_residuals([(0.0, 5.0), (10.0, 5.0), (20.0, 5.0)]) is None
     assert _falling_residuals([(0.0, 10.0), (10.0, 8.0)]) is None  # too few to fit a line
+
+
+def test_real_scrapes_off_exact_ticks_still_read_what_a_replica_served() -> None:
+    """A replica finishing 10 req/s, KV 0.3, no queue, scraped every 5 s with the jitter a real loop has
+    (4.9-5.1 s). Its served rate is read over at least the 30 s window (the interval that straddles the
+    window's start stays): 10 req/s. Dropping every interval that started before the window left about
+    25 s of it, never a full window, and no served rate was ever read outside the simulator."""
+    tr = DemandTracker(5.0)
+    t, finished = 0.0, 0.0
+    for k in range(80):
+        dt = 5.0 + (0.1 if k % 3 == 0 else -0.1 if k % 3 == 1 else 0.03)
+        t += dt
+        finished += 10.0 * dt
+        tr.observe(t, ["a"], [counters("a", finished, running=20.0, kv=0.3)])
+    assert tr.served(t) == pytest.approx(10.0)
+
+
+def test_every_window_of_the_demand_scales_with_its_calm_window() -> None:
+    """The defaults (300 s calm window): trend 360 s, served window 30 s, a new replica's settle 120 s. A
+    clock 12x faster (the demo's 25 s window) shortens them all alike, or a served rate that needs two real
+    minutes of one replica would never be read in a one-minute demo."""
+    default = DemandConfig()
+    assert (default.calm_window_s, default.trend_window_s, default.served_window_s, default.settle_s) == (
+        300.0,
+        360.0,
+        30.0,
+        120.0,
+    )
+    fast = DemandConfig(calm_window_s=25.0)
+    assert (fast.trend_window_s, fast.served_window_s, fast.settle_s) == (pytest.approx(30.0), 2.5, 10.0)

@@ -15,10 +15,10 @@ from keda_llm_scaler.discovery import DiscoveryError, DnsResolver
 from keda_llm_scaler.metadata import Discovery, parse_trigger
 from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
-from tests.dnsserver import DnsServer, Zone
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica, unused_port
-from tests.scalerproc import channel_to, running_scaler
+from keda_llm_scaler.testing.dnsserver import DnsServer, Zone
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import Replica, unused_port
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 from tests.test_server_keda import eventually
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from keda_llm_scaler.engines import read_replica
 from keda_llm_scaler.errors import InvalidSignal, MissingSignal, ModelNotFound, UnrecognizedPayload
+from keda_llm_scaler.testing.payloads import MODEL, EngineLoad, sglang, vllm_v1
 from tests.conftest import fixture_text
-from tests.payloads import MODEL, EngineLoad, sglang, vllm_v1
 
 
 def _engines(text: str, **kw: object) -> list[tuple[str, float, float, float]]:

@@ -16,9 +16,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import Replica, dead_port
 from tests.conftest import fixture_text
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica, dead_port
 from tests.test_server_keda import eventually
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "charts" / "keda-llm-scaler" / "examples"

@@ -44,7 +44,7 @@ def test_one_data_parallel_engine_restarting_keeps_the_pods_ttft_reading() -> No
     # before: the histogram was diffed on the pod's sum; engine 1's reset sent buckets down and the pod
     # had no TTFT quantile that window (the SLO guardrail went blind exactly when an engine restarted)
     from keda_llm_scaler.engines import read_replica
-    from tests.payloads import EngineLoad, vllm_v1
+    from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
 
     def payload(engine0: list[float], engine1: list[float]) -> ReplicaSignals:
         return read_replica(
@@ -84,7 +84,7 @@ def test_series_histogram_sums_increases_per_series() -> None:
 def test_one_data_parallel_engine_restarting_is_not_a_burst_of_rejects() -> None:
     # before: resets were found on the pod's sum, and one engine restarting read as 103.5 rejects/s
     from keda_llm_scaler.engines import read_replica
-    from tests.payloads import EngineLoad, vllm_v1
+    from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
 
     def payload(rejects0: float, rejects1: float) -> ReplicaSignals:
         text = vllm_v1([EngineLoad(0, 10, 0.3), EngineLoad(1, 10, 0.3)])

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.refused_memory import send_rotating
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
-from tests.serveproc import ServeProcess, serve
+from keda_llm_scaler.testing.serveproc import ServeProcess, serve
 
 CALLS = 80
 MAP_BYTES = 900_000  # past the 256 KiB the scaler accepts, inside gRPC's 1 MiB receive limit
@@ -125,7 +125,7 @@ def test_requests_past_the_receive_limit_are_refused_by_grpc_and_counted() -> No
 
 
 async def test_a_call_is_answered_on_its_first_message_and_an_empty_one_is_invalid() -> None:
-    from tests.scalerproc import channel_to, running_scaler
+    from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 
     ref = pb.ScaledObjectRef(name="ok", namespace="serving", scalerMetadata={"endpoints": "http://127.0.0.1:9"})
     async with running_scaler() as server, channel_to(server) as ch:

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_llm_scaler.metadata import check_object_ref
-from tests.scalerproc import channel_to, running_scaler
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 
 META = {"endpoints": "http://127.0.0.1:9/metrics"}
 LONGEST_LINE = 1024

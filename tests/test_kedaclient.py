@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import replicas
-from tests.serveproc import serve
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import replicas
+from keda_llm_scaler.testing.serveproc import serve
 
 KEDACLIENT = os.environ.get("KEDACLIENT", "")
 pytestmark = [

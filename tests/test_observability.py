@@ -22,9 +22,9 @@ import yaml
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_llm_scaler.sim.keda import KedaEmulator
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import replicas
-from tests.scalerproc import channel_to, running_scaler
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import replicas
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 from tests.test_chart import ALL_ON, ROOT, by_kind, render
 
 PROMTOOL = shutil.which("promtool")
@@ -115,7 +115,7 @@ tests:
         values: '0 0.5x15'
       - series: 'llm_scaler_ttft_p95_seconds{labels}'
         values: '0.3x15'
-      - series: 'llm_scaler_build_info{{version="0.1.0"}}'
+      - series: 'llm_scaler_build_info{{version="0.2.0"}}'
         values: '1x15'
       - series: 'llm_scaler_composite{labels}'
         values: '16x20'

@@ -9,7 +9,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from packaging.requirements import Requirement
 
-from tests.serveproc import serve
+from keda_llm_scaler.testing.serveproc import serve
 
 HEAVY = {"matplotlib", "numpy", "pillow", "fonttools", "contourpy", "kiwisolver"}
 

@@ -1,4 +1,4 @@
-"""Hand-checkable cases for the independent reference fleet model (tests/refsim.py)."""
+"""Hand-checkable cases for the independent reference fleet model (keda_llm_scaler/testing/refsim.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from tests.refsim import PROFILES, Profile, nearest_rank, simulate_static
+from keda_llm_scaler.testing.refsim import PROFILES, Profile, nearest_rank, simulate_static
 
 C, B, D, E, F = 12.0, 0.042, 0.03, 0.035, 1.47e-6  # 70b-h100x4, ms
 

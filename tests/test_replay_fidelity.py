@@ -1,4 +1,5 @@
-"""The fleet simulator against the independent step-level reference (tests/refsim.py), on static fleets.
+"""The fleet simulator against the independent step-level reference (keda_llm_scaler/testing/refsim.py), on
+static fleets.
 
 Fed the same pre-scaled trace with the same routing, the fast simulator (closed-form decode stretches,
 routing in 50 ms slices, KV in tokens) must agree with the per-step, per-arrival reference (exact KV
@@ -12,7 +13,7 @@ import pytest
 
 from keda_llm_scaler.sim.run import RunConfig, simulate
 from keda_llm_scaler.sim.trace import BUNDLED_TRACE, BURSTY_TRACE, TraceRequest, load_trace, scale_rate
-from tests.refsim import simulate_static
+from keda_llm_scaler.testing.refsim import simulate_static
 
 
 def _smallest_meeting(reqs: list[tuple[float, int, int]], start: int, routing: str) -> int:

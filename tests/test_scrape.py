@@ -8,11 +8,12 @@ import time
 
 import pytest
 
+from keda_llm_scaler import __version__
 from keda_llm_scaler.addresses import AddressPolicy
 from keda_llm_scaler.scrape import Scraper
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import Replica, dead_port, replicas
 from keda_llm_scaler.workers import ScrapeWorkers
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica, dead_port, replicas
 
 GOOD = vllm_v1([EngineLoad(2, 10, 0.5)])
 
@@ -35,6 +36,13 @@ async def test_good_replica(scraper: Scraper) -> None:
     assert res.reason is None and res.signals is not None
     assert (res.signals.waiting, res.signals.running, res.signals.kv_usage) == (2, 10, 0.5)
     assert res.size > 0
+
+
+async def test_scrapes_say_which_release_is_asking(scraper: Scraper) -> None:
+    # one version source: the package metadata (pyproject.toml), as --version and llm_scaler_build_info
+    with replicas(GOOD) as (r,):
+        await scraper.scrape(r.url + "/metrics", timeout=2, engine="auto", model=None)
+    assert r.user_agent == f"keda-llm-scaler/{__version__}" and __version__ != "0+unknown"
 
 
 @pytest.mark.parametrize(
@@ -201,11 +209,11 @@ async def test_replicas_gone_from_the_fleet_lose_their_connections(monkeypatch: 
     try:
         with replicas(GOOD, GOOD) as (old, new):
             assert (await s.scrape(old.url + "/metrics", timeout=2.0, engine="auto", model=None)).reason is None
-            assert s.kept_alive_origins == 1 and old.open_connections == 1
+            assert s.fetcher is not None and s.fetcher.kept_alive_origins == 1 and old.open_connections == 1
             for _ in range(12):  # ~1.2 s of scraping only the new replica, four times the idle limit
                 assert (await s.scrape(new.url + "/metrics", timeout=2.0, engine="auto", model=None)).reason is None
                 await asyncio.sleep(0.1)
-            assert s.kept_alive_origins == 1  # only the replica still scraped
+            assert s.fetcher.kept_alive_origins == 1  # only the replica still scraped
             assert old.open_connections == 0 and new.open_connections == 1
     finally:
         await s.aclose()

@@ -20,9 +20,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler.server import ScalerServer
 from keda_llm_scaler.sim.keda import KedaEmulator
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica, dead_port, replicas
-from tests.scalerproc import channel_to, running_scaler
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import Replica, dead_port, replicas
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 
 FAST = {"scrapeInterval": "0.5", "scrapeTimeout": "0.4", "staleAfter": "1.5"}
 AT_TARGET = vllm_v1([EngineLoad(waiting=0, running=30, kv=0.85)])

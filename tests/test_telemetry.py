@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 import urllib.request
 
+import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from keda_llm_scaler.sim.keda import KedaEmulator
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import dead_port, replicas
-from tests.scalerproc import channel_to, running_scaler
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import dead_port, replicas
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 
 FAST = {"scrapeInterval": "0.5", "scrapeTimeout": "0.4", "staleAfter": "1.5"}
 
@@ -101,3 +104,38 @@ async def test_the_demand_behind_the_composite_is_exported() -> None:
     assert value("llm_scaler_decision_reason", reason="rate") == 1
     assert value("llm_scaler_startup_seconds", source="default") > 0
     assert abs(served - value("llm_scaler_composite")) < 0.5 * served  # the next cycle may have moved it a bit
+
+
+async def test_a_fleet_without_data_exports_no_queue_reading_and_says_why() -> None:
+    """One ScaledObject whose only replica never answers, one whose replica answers with an empty queue:
+    the first has no waiting/running/KV samples at all (a 0 would read as an idle fleet), and the scrape
+    health series say why; the second exports its real zeros."""
+    with replicas(vllm_v1([EngineLoad(0, 0, 0.0)])) as (idle,):
+        dead = f"http://127.0.0.1:{dead_port()}"
+        async with running_scaler() as server, channel_to(server) as ch:
+            with contextlib.suppress(grpc.aio.AioRpcError):  # UNAVAILABLE: no replica has data
+                await KedaEmulator(ch, "down", "serving", {"endpoints": dead, **FAST}).poll()
+            await KedaEmulator(ch, "idle", "serving", {"endpoints": idle.url, **FAST}).poll()
+            deadline = time.monotonic() + 15.0  # a budget for a busy machine
+            while True:
+                m = await asyncio.to_thread(scrape, server.metrics_port)
+                scraped = {lab["scaledobject"] for lab, _ in m.get("llm_scaler_replicas", [])}
+                if scraped == {"down", "idle"} or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+
+    def values(name: str, scaledobject: str, **extra: str) -> list[float]:
+        want = {"namespace": "serving", "scaledobject": scaledobject, **extra}
+        return [v for lab, v in m.get(name, []) if want.items() <= lab.items()]
+
+    for name in ("waiting_requests", "running_requests", "kv_usage_ratio", "rejects_per_second", "composite"):
+        assert values(f"llm_scaler_{name}", "down") == [], name  # absent, not 0
+    assert values("llm_scaler_target_up", "down") == [0.0]
+    assert values("llm_scaler_replicas", "down", state="expired") == [1.0]
+    assert values("llm_scaler_replicas", "down", state="fresh") == [0.0]
+    assert values("llm_scaler_scrape_errors_total", "down", reason="connect_error")[0] >= 1
+    # a fleet that answered with nothing waiting still reads 0: absence means no data, not an empty queue
+    assert values("llm_scaler_waiting_requests", "idle") == [0.0]
+    assert values("llm_scaler_running_requests", "idle") == [0.0]
+    assert values("llm_scaler_kv_usage_ratio", "idle") == [0.0]
+    assert values("llm_scaler_replicas", "idle", state="fresh") == [1.0]

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
-from tests.scalerproc import running_scaler
+from keda_llm_scaler.testing.scalerproc import running_scaler
 
 HOST = "llm-scaler.keda.svc"
 

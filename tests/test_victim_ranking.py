@@ -15,14 +15,18 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-from keda_llm_scaler.deletion_cost import RankingScope, VictimRanker, parse_scope
+from keda_llm_scaler.deletion_cost import VictimRanker
 from keda_llm_scaler.fleet import FRESH, ReplicaReport
 from keda_llm_scaler.kube import KubeClient, KubeConfig
 from keda_llm_scaler.membership import READY, Member, Membership
+from keda_llm_scaler.ranking_scope import RankingScope, parse_scope
 from keda_llm_scaler.server import ScalerServer
 from keda_llm_scaler.signals import EngineSignals, ReplicaSignals
 from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import Replica, unused_port
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 from keda_llm_scaler.victims import (
     ANNOTATION,
     IDLE_COST,
@@ -36,9 +40,6 @@ from keda_llm_scaler.victims import (
     plan,
     scale_down_plausible,
 )
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica, unused_port
-from tests.scalerproc import channel_to, running_scaler
 from tests.test_server_keda import eventually
 
 FAST = {"scrapeInterval": "0.5", "scrapeTimeout": "0.4", "staleAfter": "1.5"}

@@ -22,10 +22,10 @@ from keda_llm_scaler.membership import FAILED_TO_START, PENDING, READY, STARTING
 from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
 from keda_llm_scaler.target import cycle_phase, next_tick
-from tests.dnsserver import DnsServer, Zone
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica, replicas, unused_port
-from tests.scalerproc import channel_to, running_scaler
+from keda_llm_scaler.testing.dnsserver import DnsServer, Zone
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import Replica, replicas, unused_port
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 from tests.test_server_keda import eventually
 
 FAST = {"scrapeInterval": "0.5", "scrapeTimeout": "0.4", "staleAfter": "1.5"}

@@ -18,10 +18,10 @@ from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_llm_scaler.addresses import AddressPolicy, parse_networks
 from keda_llm_scaler.config import Settings
 from keda_llm_scaler.scrape import Scraper
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import replicas
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 from keda_llm_scaler.workers import WORKER_FAILED, ScrapeWorkers, available_cpus, worker_count
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import replicas
-from tests.scalerproc import channel_to, running_scaler
 
 PAYLOADS = [vllm_v1([EngineLoad(w, 10 + w, 0.1 * (w + 1))]) for w in range(4)]
 
@@ -57,6 +57,23 @@ async def test_workers_read_what_the_scaler_process_reads() -> None:
         assert len(pooled.workers.pids()) == 2  # type: ignore[union-attr]
     finally:
         await inline.aclose()
+        await pooled.aclose()
+
+
+async def test_workers_run_this_install_whatever_directory_serve_starts_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # serve started inside another checkout (or any directory holding a keda_llm_scaler folder) must not
+    # have its workers import that code instead of the scaler's own
+    (tmp_path / "keda_llm_scaler").mkdir()
+    (tmp_path / "keda_llm_scaler" / "__init__.py").write_text("raise ImportError('the wrong checkout')\n")
+    monkeypatch.chdir(tmp_path)
+    pooled = await _started()
+    try:
+        with replicas(PAYLOADS[0]) as (r,):
+            result = await _scrape(pooled, r.url + "/metrics", timeout=10.0)
+        assert result.reason is None and result.signals is not None
+    finally:
         await pooled.aclose()
 
 
@@ -195,3 +212,16 @@ def test_a_bad_worker_count_is_refused_naming_the_flag(bad: str) -> None:
     with pytest.raises(ValueError, match="--scrape-workers") as err:
         Settings(scrape_workers=bad)
     assert "auto" in str(err.value)
+
+
+async def test_a_worker_that_dies_before_its_hello_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker that never says hello (here: its config's networks do not parse; in life, a Ctrl-C in the
+    # moment it was forked) must not hold the scaler's start-up for READY_WAIT_S: its end is the answer.
+    monkeypatch.setattr("keda_llm_scaler.workers.READY_WAIT_S", 600.0)
+    workers = ScrapeWorkers(1, max_bytes=1 << 20, keepalive_budget=64, policy=AddressPolicy())
+    workers.config["refuse"] = ["not-a-network"]
+    try:
+        await asyncio.wait_for(workers.start(), 60)  # a budget for a loaded machine; it waited 600 s before
+        await _until(lambda: workers.restarts >= 1, 20.0)  # and its reader restarts it, as any dead worker
+    finally:
+        await workers.aclose()

@@ -19,9 +19,9 @@ from keda_llm_scaler.server import ScalerServer
 from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
 from keda_llm_scaler.target import Target
-from tests.payloads import EngineLoad, vllm_v1
-from tests.replicas import Replica, replicas
-from tests.scalerproc import channel_to, running_scaler
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import Replica, replicas
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
 from tests.test_server_keda import Stream, eventually
 from tests.test_telemetry import scrape
 

@@ -370,7 +370,7 @@ def demo_main(args: argparse.Namespace) -> int:
     if args.speed <= 0 or args.minutes <= 0 or not math.isfinite(args.speed):
         print("keda-llm-scaler demo: --speed and --minutes must be > 0", file=sys.stderr)
         return 2
-    from keda_llm_scaler.telemetry import configure_logging
+    from keda_llm_scaler.logs import configure_logging
 
     configure_logging("warning", json=False)
     demo = Demo(args)

@@ -15,7 +15,7 @@ from typing import IO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.replicas import unused_port
+from keda_llm_scaler.testing.replicas import unused_port
 
 
 @dataclass
@@ -46,7 +46,10 @@ def _wait_healthy(
     while time.monotonic() < deadline:
         channel = grpc.secure_channel(address, creds, options) if creds else grpc.insecure_channel(address)
         try:
-            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=0.5)
+            stub = health_pb2_grpc.HealthStub(channel)
+            stub.Check(  # type: ignore[attr-defined]  # the stubs (types-grpcio-health-checking) declare no methods
+                health_pb2.HealthCheckRequest(service="liveness"), timeout=0.5
+            )
             return
         except grpc.RpcError:
             time.sleep(0.1)

@@ -43,6 +43,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         b = self.server.replica.behaviour
         self.server.replica.requests += 1
+        self.server.replica.user_agent = self.headers.get("User-Agent")
         if b.delay_s:
             time.sleep(b.delay_s)
         if b.hang_up:
@@ -85,6 +86,7 @@ class Replica:
     def __init__(self, payload: str = "", host: str = "127.0.0.1", port: int = 0) -> None:
         self.behaviour = Behaviour(payload=payload)
         self.requests = 0
+        self.user_agent: str | None = None  # of the last request
         self.connections = 0  # TCP connections accepted
         self.open_connections = 0  # accepted and not yet closed (by either side)
         self._server = _ReplicaHTTPServer((host, port), _Handler)
@@ -96,7 +98,7 @@ class Replica:
         self._thread.start()
 
     def set(self, **changes: object) -> None:
-        self.behaviour = Behaviour(**{**self.behaviour.__dict__, **changes})  # type: ignore[arg-type]
+        self.behaviour = Behaviour(**{**self.behaviour.__dict__, **changes})
 
     def close(self) -> None:
         self._server.shutdown()

@@ -2,12 +2,13 @@
 
 nginx when it is installed (Debian `nginx-light`: static files from C, keep-alive, so the fleet costs the
 machine little and the scaler's own cost is what the benchmarks see), else one asyncio HTTP/1.1 server in
-its own process (benchmarks/soak.py's). Every path is its own replica to the scaler (connections are kept
-per scrape URL) and to Prometheus (``__metrics_path__`` per target).
+its own process (``serve_replicas``, which benchmarks/soak.py's replicas are too). Every path is its own
+replica to the scaler (connections are kept per scrape URL) and to Prometheus (``__metrics_path__`` per target).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import multiprocessing
 import os
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.replicas import unused_port
+from keda_llm_scaler.testing.replicas import unused_port
 
 NGINX_CONF = """
 worker_processes 1;
@@ -77,6 +78,37 @@ class Fleet:
         self._stop()
 
 
+def serve_replicas(port_out: multiprocessing.Queue[int], payloads: list[bytes]) -> None:
+    """All replicas in one asyncio HTTP/1.1 keep-alive server, run in a process of its own (no GIL shared
+    with the load): /r<i>/metrics answers payloads[i % len(payloads)]. Puts its port on ``port_out``."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ", 2)[1].decode()
+                try:
+                    n = int(path.split("/")[1].removeprefix("r"))
+                except (ValueError, IndexError):
+                    n = 0
+                body = payloads[n % len(payloads)]
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
+        port_out.put(server.sockets[0].getsockname()[1])
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
 def start_fleet(payload: bytes, kind: str = "auto") -> Fleet:
     """``kind``: ``nginx``, ``asyncio`` or ``auto`` (nginx if on PATH or in /usr/sbin)."""
     nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
@@ -84,10 +116,8 @@ def start_fleet(payload: bytes, kind: str = "auto") -> Fleet:
         if not nginx:
             raise SystemExit("nginx not found (Debian: apt-get install nginx-light)")
         return _start_nginx(nginx, payload)
-    from benchmarks.soak import _serve_replicas
-
     ports: multiprocessing.Queue[int] = multiprocessing.Queue()
-    proc = multiprocessing.Process(target=_serve_replicas, args=(ports, [payload]), daemon=True)
+    proc = multiprocessing.Process(target=serve_replicas, args=(ports, [payload]), daemon=True)
     proc.start()
     port = ports.get(timeout=30)
     return Fleet("asyncio", port, [proc.pid or 0], proc.terminate)
