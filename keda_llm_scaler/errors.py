@@ -2,8 +2,13 @@
 
     ScalerError
     ├── BadMetadata        trigger metadata is malformed or out of range  -> INVALID_ARGUMENT
+    │   └── BadObjectName      the ScaledObjectRef's name or namespace is not a Kubernetes name
     ├── UnknownMetric      GetMetrics asked for a name we never returned  -> NOT_FOUND
     ├── NoFreshData        no replica of a non-empty fleet has fresh data -> UNAVAILABLE
+    ├── TooManyTargets     the scaler already serves --max-targets targets -> RESOURCE_EXHAUSTED
+    │                      (keda_llm_scaler.registry)
+    ├── DiscoveryError     the replica set could not be determined this time (keda_llm_scaler.discovery):
+    │                      the last members found are kept; a target never resolved answers NoFreshData
     └── ReplicaError       one replica could not be read (kept as data on that replica, never raised to KEDA)
         ├── MissingSignal      a family the composite needs is absent (never read as zero)
         ├── ModelNotFound      the `model` filter matches no series
