@@ -183,7 +183,7 @@ def _quantile(q: float, merged: Histogram | None) -> float | None:
 
 
 def demand_config(params: ScoringParams) -> DemandConfig:
-    """The trigger's demand window (the trend and burst windows keep their proportions to it: DemandConfig)."""
+    """The trigger's demand window (the trend, served and settle windows keep their proportions to it: DemandConfig)."""
     return DemandConfig(calm_window_s=params.demand_window_s)
 
 

@@ -88,7 +88,7 @@ class ScoringParams:
     startup_s: float | None = None  # seconds from created to ready; None: learn it
     ttft_slo_s: float | None = None
     ttft_slo_quantile: float = 0.95
-    demand_window_s: float = DEMAND_WINDOW_S  # the demand's calm window (trend and burst follow: DemandConfig)
+    demand_window_s: float = DEMAND_WINDOW_S  # the demand's calm window (the others follow: DemandConfig)
 
 
 @dataclass(frozen=True, slots=True)
