@@ -22,6 +22,8 @@ if run bursty; then
 fi
 if run day; then
   keda-llm-scaler replay "${day[@]}" --hpa-behavior llm --sweep --out-dir "$out/day-llm" "${common[@]}"
+  # the composite alone with Kubernetes' default behavior (static fleets and the oracle do not use the HPA)
+  keda-llm-scaler replay "${day[@]}" --hpa-behavior default --sweep --policies composite --out-dir "$out/day-default" "${common[@]}"
 fi
 if [[ "$only" == oracle ]]; then
   # Only the oracle's points, merged into the sweeps above (the other policies are deterministic).
