@@ -33,7 +33,7 @@ from benchmarks.parse_bench import best_of, full_parse
 from benchmarks.serve_under_load import BARE_SERVER, _load
 from benchmarks.soak import _cpu_s, _proc_stats
 from keda_llm_scaler.engines import read_replica
-from keda_llm_scaler.testing.fleetserver import Fleet, start_fleet
+from keda_llm_scaler.testing.fleetserver import HttpFleet, start_fleet
 from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
 from keda_llm_scaler.testing.replicas import unused_port
 
@@ -99,7 +99,9 @@ def scaler(workers: str = "auto", **env: str) -> Iterator[tuple[subprocess.Popen
 
 
 @contextmanager
-def prometheus(fleet: Fleet, paths: list[str], interval: float, timeout: float) -> Iterator[subprocess.Popen[bytes]]:
+def prometheus(
+    fleet: HttpFleet, paths: list[str], interval: float, timeout: float
+) -> Iterator[subprocess.Popen[bytes]]:
     exe = shutil.which("prometheus") or shutil.which("prometheus", path="/usr/bin:/usr/sbin")
     if not exe:
         raise SystemExit("prometheus not found (Debian: apt-get install prometheus)")
@@ -139,7 +141,7 @@ def prometheus(fleet: Fleet, paths: list[str], interval: float, timeout: float) 
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _window(pid: int, fleet: Fleet, seconds: float, every: Callable[[], None] | None = None) -> dict[str, float]:
+def _window(pid: int, fleet: HttpFleet, seconds: float, every: Callable[[], None] | None = None) -> dict[str, float]:
     """CPU (the process tree) and the fleet's requests over ``seconds``; ``every`` runs once a second."""
     cpu0, req0, t0 = _cpu_s(pid, children=True), fleet.requests(), time.monotonic()
     while time.monotonic() - t0 < seconds:
@@ -156,7 +158,7 @@ def _window(pid: int, fleet: Fleet, seconds: float, every: Callable[[], None] | 
     }
 
 
-def _meta(fleet: Fleet, ids: range, interval: float, timeout: float) -> str:
+def _meta(fleet: HttpFleet, ids: range, interval: float, timeout: float) -> str:
     endpoints = ",".join(fleet.url(i) for i in ids)
     return f"endpoints={endpoints};scrapeInterval={interval:g};scrapeTimeout={timeout:g}"
 
@@ -184,7 +186,7 @@ def _cycle_summary(cycles: list[float], interval: float) -> dict[str, Any]:
 
 
 # -- the measures ----------------------------------------------------------------------------------
-def measure_scrape_and_serve(args: argparse.Namespace, fleet: Fleet) -> dict[str, Any]:
+def measure_scrape_and_serve(args: argparse.Namespace, fleet: HttpFleet) -> dict[str, Any]:
     n, interval, timeout = args.replicas, args.interval, 2.0
     out: dict[str, Any] = {"replicas": n, "interval_s": interval}
     say(f"[1/6] Prometheus scraping {n} replicas every {interval:g} s ({args.window:g} s window) ...")
@@ -225,7 +227,7 @@ def measure_scrape_and_serve(args: argparse.Namespace, fleet: Fleet) -> dict[str
     return out
 
 
-def measure_many_fleets(args: argparse.Namespace, fleet: Fleet) -> dict[str, Any]:
+def measure_many_fleets(args: argparse.Namespace, fleet: HttpFleet) -> dict[str, Any]:
     k, n, interval, timeout = args.fleets, args.replicas, 5.0, 2.0
     say(f"[4/6] {k} fleets x {n} replicas at {interval:g} s, polled once a second each ({args.window:g} s) ...")
     metas = [_meta(fleet, range(f * n, (f + 1) * n), interval, timeout) for f in range(k)]

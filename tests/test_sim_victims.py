@@ -12,7 +12,7 @@ import random
 import pytest
 
 from keda_llm_scaler.cli import main
-from keda_llm_scaler.sim.fleet import DRAINING, READY, STARTING, Fleet, Pod, log2_bucket, lognormal_params
+from keda_llm_scaler.sim.fleet import DRAINING, READY, STARTING, Pod, SimulatedFleet, log2_bucket, lognormal_params
 from keda_llm_scaler.sim.profiles import PROFILES
 from keda_llm_scaler.sim.ranker import DEFAULT_BURST, DEFAULT_INTERVAL_S, Ranker
 from keda_llm_scaler.sim.replay import add_replay_arguments, describe_setup, load_workload
@@ -36,8 +36,10 @@ SUMMARY_KEYS = {
 }
 
 
-def fleet_of(n: int, *, victims: str = "random", seed: int = 0, grace_s: float = 30.0, at: float = 0.0) -> Fleet:
-    fleet = Fleet(PROFILE, 0.0, 0.0, seed=seed, victims=victims, grace_s=grace_s)
+def fleet_of(
+    n: int, *, victims: str = "random", seed: int = 0, grace_s: float = 30.0, at: float = 0.0
+) -> SimulatedFleet:
+    fleet = SimulatedFleet(PROFILE, 0.0, 0.0, seed=seed, victims=victims, grace_s=grace_s)
     for _ in range(n):
         fleet.add(at, ready=True)
     return fleet
@@ -54,7 +56,7 @@ def names(pods: list[Pod]) -> list[str]:
 
 # -- the ReplicaSet's order ---------------------------------------------------------------------------
 def test_pods_without_a_node_then_not_ready_pods_go_before_ready_ones() -> None:
-    fleet = Fleet(PROFILE, 60.0, 60.0 * 1.0001, warm_nodes=2, node_provision_s=300.0)
+    fleet = SimulatedFleet(PROFILE, 60.0, 60.0 * 1.0001, warm_nodes=2, node_provision_s=300.0)
     old = fleet.add(0.0, ready=True)  # a warm node
     fleet.advance(10.0, 10.0)
     fleet.scale_to(3, 10.0)
@@ -89,7 +91,7 @@ def test_log2_bucket_is_nanoseconds_since_a_whole_second_timestamp() -> None:
 
 
 def test_the_younger_log2_bucket_goes_first_and_within_a_bucket_the_uid_decides() -> None:
-    fleet = Fleet(PROFILE, 0.0, 0.0)
+    fleet = SimulatedFleet(PROFILE, 0.0, 0.0)
     a = fleet.add(0.0, ready=True)  # 2000 s ready at t=2000: bucket 40
     b = fleet.add(1000.0, ready=True)  # 1000 s: bucket 39
     c = fleet.add(1400.0, ready=True)  # 600 s: bucket 39 too ([550, 1100) s)
@@ -113,7 +115,7 @@ def test_random_tie_break_is_deterministic_per_seed_and_varies_with_it() -> None
 
 
 def test_pod_uids_leave_the_cold_start_stream_alone() -> None:
-    fleet = Fleet(PROFILE, 240.0, 330.0, seed=4)
+    fleet = SimulatedFleet(PROFILE, 240.0, 330.0, seed=4)
     for k in range(6):
         fleet.add(float(k))
     mu, sigma = lognormal_params(240.0, 330.0)
@@ -124,11 +126,11 @@ def test_pod_uids_leave_the_cold_start_stream_alone() -> None:
 
 def test_victims_is_validated() -> None:
     with pytest.raises(ValueError, match="victims must be one of random, ranked"):
-        Fleet(PROFILE, 0.0, 0.0, victims="oldest")
+        SimulatedFleet(PROFILE, 0.0, 0.0, victims="oldest")
 
 
 # -- the ranker -----------------------------------------------------------------------------------
-def scenario(victims: str, seed: int) -> tuple[Fleet, Ranker, Pod]:
+def scenario(victims: str, seed: int) -> tuple[SimulatedFleet, Ranker, Pod]:
     """Three ready pods of the same age: two hold 20 streams each, one is idle."""
     fleet = fleet_of(3, victims=victims, seed=seed)
     idle = fleet.pods[seed % 3]

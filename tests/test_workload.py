@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from keda_llm_scaler.sim.fleet import READY, STARTING, Fleet
+from keda_llm_scaler.sim.fleet import READY, STARTING, SimulatedFleet
 from keda_llm_scaler.sim.profiles import PROFILES
 from keda_llm_scaler.sim.run import RunConfig, TtftHistogram, capacity_at_slo, percentile, simulate
 from keda_llm_scaler.sim.trace import BUNDLED_TRACE, BURSTY_TRACE, TraceRequest, load_trace, peak_to_mean, scale_rate
@@ -142,7 +142,9 @@ def test_ttft_histogram_quantiles_match_exact_ones() -> None:
 
 
 def test_pods_beyond_the_warm_node_pool_wait_for_a_node() -> None:
-    fleet = Fleet(PROFILES["8b-h100"], 60.0, 60.0 * 1.0001, warm_nodes=2, node_provision_s=300.0, node_idle_s=600.0)
+    fleet = SimulatedFleet(
+        PROFILES["8b-h100"], 60.0, 60.0 * 1.0001, warm_nodes=2, node_provision_s=300.0, node_idle_s=600.0
+    )
     fleet.add(0.0, ready=True)
     fleet.advance(10.0, 10.0)
     fleet.scale_to(4, 10.0)  # one more fits the warm pool, two need new nodes
@@ -164,7 +166,7 @@ def test_pods_beyond_the_warm_node_pool_wait_for_a_node() -> None:
 
 
 def test_a_freed_node_goes_to_the_pod_waiting_longest_for_one() -> None:
-    fleet = Fleet(PROFILES["8b-h100"], 60.0, 60.0 * 1.0001, warm_nodes=2, node_provision_s=300.0, grace_s=0.0)
+    fleet = SimulatedFleet(PROFILES["8b-h100"], 60.0, 60.0 * 1.0001, warm_nodes=2, node_provision_s=300.0, grace_s=0.0)
     fleet.add(0.0, ready=True)
     fleet.add(0.0, ready=True)
     fleet.advance(5.0, 5.0)

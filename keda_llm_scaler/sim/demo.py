@@ -32,7 +32,7 @@ from keda_llm_scaler.config import Settings
 from keda_llm_scaler.metadata import DEFAULTS
 from keda_llm_scaler.server import ScalerServer
 from keda_llm_scaler.sim.exporter import ReplicaExporter
-from keda_llm_scaler.sim.fleet import DRAINING, READY, STARTING, Fleet
+from keda_llm_scaler.sim.fleet import DRAINING, READY, STARTING, SimulatedFleet
 from keda_llm_scaler.sim.hpa import AVERAGE_VALUE, Behavior, Hpa, MetricReading, ScalingPolicy
 from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
@@ -109,7 +109,7 @@ class Demo:
         self.args = args
         self.profile = PROFILES[args.profile]
         self.lock = threading.Lock()  # the exporters read replicas from their HTTP threads
-        self.fleet = Fleet(
+        self.fleet = SimulatedFleet(
             self.profile, self.profile.cold_start_mean_s, self.profile.cold_start_p90_s, seed=1, routing="least-loaded"
         )
         self.trace = demo_trace(args.minutes)

@@ -73,9 +73,9 @@ __all__ = [
     "ROUTINGS",
     "STARTING",
     "VICTIMS",
-    "Fleet",
     "Pod",
     "ScaleDown",
+    "SimulatedFleet",
     "log2_bucket",
     "lognormal_params",
     "replicaset_less",
@@ -174,7 +174,7 @@ def replicaset_less(a: Pod, b: Pod, now: float, *, costs: bool = True) -> bool:
 
 
 @dataclass
-class Fleet:
+class SimulatedFleet:
     profile: Profile
     cold_start_mean_s: float
     cold_start_p90_s: float

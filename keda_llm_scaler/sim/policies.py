@@ -16,7 +16,7 @@ from typing import Final
 from keda_llm_scaler.demand import DemandConfig
 from keda_llm_scaler.fleet import FleetState, Observation
 from keda_llm_scaler.policy import ScoringParams
-from keda_llm_scaler.sim.fleet import READY, STARTING, Fleet
+from keda_llm_scaler.sim.fleet import READY, STARTING, SimulatedFleet
 from keda_llm_scaler.sim.hpa import AVERAGE_VALUE, UTILIZATION, Behavior, MetricReading, ScalingPolicy
 
 __all__ = ["POLICIES", "Policy", "make_policy"]
@@ -36,12 +36,12 @@ class Policy:
     value: float | None = None  # the latest metric value (plotted)
     _next: float = 0.0
 
-    def observe(self, now: float, fleet: Fleet) -> None:
+    def observe(self, now: float, fleet: SimulatedFleet) -> None:
         if now + 1e-9 >= self._next:
             self._next = now + self.interval_s
             self.sample(now, fleet)
 
-    def sample(self, now: float, fleet: Fleet) -> None:
+    def sample(self, now: float, fleet: SimulatedFleet) -> None:
         raise NotImplementedError
 
     def reading(self) -> MetricReading | None:
@@ -66,7 +66,7 @@ class Policy:
         return reading.value / reading.target * ready
 
 
-def _ready(fleet: Fleet) -> list:  # type: ignore[type-arg]
+def _ready(fleet: SimulatedFleet) -> list:  # type: ignore[type-arg]
     return fleet.with_state(READY)
 
 
@@ -86,7 +86,7 @@ class CompositePolicy(Policy):
         self._state = FleetState(self.params, self.stale_after_s, self.scrape_interval_s, self.demand)
         self._composite: float | None = None
 
-    def sample(self, now: float, fleet: Fleet) -> None:
+    def sample(self, now: float, fleet: SimulatedFleet) -> None:
         starting = len(fleet.with_state(STARTING))
         self._state.update(now, (Observation(p.name, p.replica.signals()) for p in _ready(fleet)), starting)
         c = self._state.evaluate(now, starting).composite  # starting pods: capacity on the way
@@ -117,7 +117,7 @@ class QueuePolicy(Policy):
     """KEDA Prometheus scaler: sum(vllm:num_requests_waiting), threshold 5 (AverageValue), seen
     through a 15 s Prometheus scrape."""
 
-    def sample(self, now: float, fleet: Fleet) -> None:
+    def sample(self, now: float, fleet: SimulatedFleet) -> None:
         self.value = float(sum(len(p.replica.waiting) for p in _ready(fleet)))
 
     def reading(self) -> MetricReading | None:
@@ -138,7 +138,7 @@ class AveragePolicy(Policy):
             return 0.0
         return min(1.0, (busy_s - last[1]) / (now - last[0]))
 
-    def sample(self, now: float, fleet: Fleet) -> None:
+    def sample(self, now: float, fleet: SimulatedFleet) -> None:
         pods = _ready(fleet)
         if not pods:
             self.value = None
@@ -175,7 +175,7 @@ class KaitoPolicy(Policy):
         )
         self.down = min(self.down, self.knob * 0.5)
 
-    def sample(self, now: float, fleet: Fleet) -> None:
+    def sample(self, now: float, fleet: SimulatedFleet) -> None:
         pods = _ready(fleet)
         if not pods:
             self.value = None
@@ -195,7 +195,7 @@ class KaitoPolicy(Policy):
 
 @dataclass
 class StaticPolicy(Policy):
-    def sample(self, now: float, fleet: Fleet) -> None:
+    def sample(self, now: float, fleet: SimulatedFleet) -> None:
         self.value = float(self.knob)
 
     def reading(self) -> MetricReading | None:
@@ -217,7 +217,7 @@ class OraclePolicy(Policy):
     schedule: list[tuple[float, int]] = field(default_factory=list)  # (from_s, replicas), sorted
     window_s: float = 60.0
 
-    def sample(self, now: float, fleet: Fleet) -> None:
+    def sample(self, now: float, fleet: SimulatedFleet) -> None:
         self.value = float(self.fixed_replicas(now) or 0)
 
     def reading(self) -> MetricReading | None:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from keda_llm_scaler.sim.fleet import READY, Fleet
+from keda_llm_scaler.sim.fleet import READY, SimulatedFleet
 from keda_llm_scaler.victims import (
     ANNOTATION,
     DEFAULT_BURST,
@@ -50,7 +50,7 @@ class Ranker:
     _next: float = 0.0
     _last_pass: float = -math.inf
 
-    def observe(self, now: float, fleet: Fleet, demand_replicas: Callable[[int, int], float | None]) -> int:
+    def observe(self, now: float, fleet: SimulatedFleet, demand_replicas: Callable[[int, int], float | None]) -> int:
         """Call after every tick, after the policy sampled: runs a pass when one is due. ``demand_replicas``
         is the policy's (ready, spec replicas) -> the HPA's reading in replicas. Returns the writes made."""
         if now + 1e-9 < self._next:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
-from keda_llm_scaler.sim.fleet import DRAINING, READY, STARTING, Fleet, ScaleDown
+from keda_llm_scaler.sim.fleet import DRAINING, READY, STARTING, ScaleDown, SimulatedFleet
 from keda_llm_scaler.sim.hpa import BEHAVIORS, Hpa
 from keda_llm_scaler.sim.oracle import oracle_schedule
 from keda_llm_scaler.sim.policies import OraclePolicy, Policy, make_policy
@@ -307,7 +307,7 @@ def simulate(
             min_replicas=cfg.min_replicas,
             max_replicas=cfg.max_replicas,
         )
-    fleet = Fleet(
+    fleet = SimulatedFleet(
         profile,
         cold_mean,
         cold_p90,

@@ -48,7 +48,7 @@ http {{
 
 
 @dataclass
-class Fleet:
+class HttpFleet:
     kind: str  # "nginx" | "asyncio"
     port: int
     pids: list[int]
@@ -109,7 +109,7 @@ def serve_replicas(port_out: multiprocessing.Queue[int], payloads: list[bytes]) 
     asyncio.run(main())
 
 
-def start_fleet(payload: bytes, kind: str = "auto") -> Fleet:
+def start_fleet(payload: bytes, kind: str = "auto") -> HttpFleet:
     """``kind``: ``nginx``, ``asyncio`` or ``auto`` (nginx if on PATH or in /usr/sbin)."""
     nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
     if kind == "nginx" or (kind == "auto" and nginx):
@@ -120,10 +120,10 @@ def start_fleet(payload: bytes, kind: str = "auto") -> Fleet:
     proc = multiprocessing.Process(target=serve_replicas, args=(ports, [payload]), daemon=True)
     proc.start()
     port = ports.get(timeout=30)
-    return Fleet("asyncio", port, [proc.pid or 0], proc.terminate)
+    return HttpFleet("asyncio", port, [proc.pid or 0], proc.terminate)
 
 
-def _start_nginx(nginx: str, payload: bytes) -> Fleet:
+def _start_nginx(nginx: str, payload: bytes) -> HttpFleet:
     root = Path(tempfile.mkdtemp(prefix="fleet-"))
     root.chmod(0o755)  # run as root, nginx's workers read as nobody
     (root / "metrics.txt").write_bytes(payload)
@@ -160,4 +160,4 @@ def _start_nginx(nginx: str, payload: bytes) -> Fleet:
         log = (root / "error.log").read_text(errors="replace")[-500:]
         stop()
         raise SystemExit(f"nginx did not serve the fleet: {log}")
-    return Fleet("nginx", port, [proc.pid], stop, root)
+    return HttpFleet("nginx", port, [proc.pid], stop, root)
