@@ -3,36 +3,17 @@ so the text format (label order, float repr, `_created` families, counters' `_to
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from keda_llm_scaler.sim.replica import TTFT_BUCKETS as VLLM_V1_TTFT_BUCKETS
+
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
+# vLLM V1's layout, as the simulated replica exports it (prometheus_client adds +Inf itself)
+TTFT_BUCKETS = tuple(b for b in VLLM_V1_TTFT_BUCKETS if b != math.inf)
 
 
 @dataclass
