@@ -6,8 +6,10 @@ the composite answers one question: how many replicas' worth of work does the fl
 Per replica i (``kvT`` = targetKvUsage, ``qT`` = targetQueueDepth)::
 
     load_i    = kv_i / kvT                    KV in use, in replicas at target (1.0 = exactly at target)
-    queue_i   = waiting_i / max(qT, running_i)  work not yet admitted, in batches of what the replica
-                                              runs at once (never smaller than qT requests)
+    queue_i   = min(1, waiting_i / (C x H))  once a capacity C is known (any source), H the start-up
+                                              horizon: the backlog as work (``drain_requests``)
+    queue_i   = waiting_i / max(qT, running_i)  while none is: work not yet admitted, in batches of what
+                                              the replica runs at once (never smaller than qT requests)
     reject_i  = min(1, rejects_i / admitted_i)  demand turned away, relative to what the replica serves
     if the replica is rejecting: load_i = max(load_i, 1)   (admission control fired: it is full)
     d_i       = load_i + queue_i + reject_i
@@ -16,7 +18,7 @@ Per replica i (``kvT`` = targetKvUsage, ``qT`` = targetQueueDepth)::
     pressure  = sum(d_i)                      replicas summed in a fixed (URL) order
     if any replica is rejecting: pressure = max(pressure, N + sum(reject_i))
     rate      = need / (capacity x targetUtilization)     (``keda_llm_scaler.demand``; absent while no capacity
-                                              is configured, learned or read from KV)
+                + sum(queue_i)                is configured, learned or read from KV) plus the backlog
     composite = max(pressure, rate)          (pressure alone when it is 0: nothing in flight anywhere)
     with ttftSloSeconds: fleet TTFT quantile > SLO and composite >= 0.8 N -> composite >= max(N + 1, 1.25 N)
                          fleet TTFT quantile > 0.8 x SLO -> composite >= N   (no scale-down near the SLO)
@@ -55,6 +57,7 @@ from keda_llm_scaler.errors import NoFreshData
 
 __all__ = [
     "IN_FLIGHT_FLOOR",
+    "MAX_BACKLOG_TERM",
     "MAX_COMPOSITE",
     "REJECT_SHARE_THRESHOLD",
     "SLO_BREACH_FACTOR",
@@ -63,7 +66,9 @@ __all__ = [
     "ReplicaInput",
     "ReplicaScore",
     "ScoringParams",
+    "backlog_replicas",
     "composite",
+    "drain_requests",
     "score_replica",
     "slo_floor",
     "with_incoming",
@@ -74,6 +79,7 @@ REJECT_SHARE_THRESHOLD: Final = 0.01
 MAX_REJECT_TERM: Final = 1.0  # per replica and decision; the HPA doubles at most per 15 s anyway
 SLO_HOLD_SHARE: Final = 0.8  # TTFT above this share of the SLO: no scale-down
 SLO_BREACH_FACTOR: Final = 1.25  # TTFT above the SLO: at least a quarter more (and one more) replicas
+MAX_BACKLOG_TERM: Final = 1.0  # per replica, once a capacity is known: see ``backlog_replicas``
 MAX_COMPOSITE: Final = 100_000.0  # replica-equivalents; past any fleet, and inside KEDA's int64 metricValue
 
 
@@ -140,13 +146,16 @@ class Composite:
         return self.value > activation_threshold
 
 
-def _score_signals(r: ReplicaInput, p: ScoringParams) -> ReplicaScore:
+def _score_signals(r: ReplicaInput, p: ScoringParams, drain_requests: float | None) -> ReplicaScore:
     kv = max(nonneg(r.kv_usage), nonneg(r.kv_usage_max))
     load = kv / p.target_kv_usage
-    # A replica that runs 200 requests at once drains a queue of 20 in a step or two; one that runs 3
-    # does not. Counting the queue in units of the running batch keeps large-batch pods sane; on a
-    # data-parallel pod each engine drains its own queue with its own batch.
-    if len(r.engines) > 1:
+    if drain_requests is not None:
+        # With a capacity known the backlog is work, not batches: what one replica drains in a start-up.
+        queue = min(MAX_BACKLOG_TERM, nonneg(r.waiting) / drain_requests)
+    # Without one: a replica that runs 200 requests at once drains a queue of 20 in a step or two; one
+    # that runs 3 does not. Counting the queue in units of the running batch keeps large-batch pods sane;
+    # on a data-parallel pod each engine drains its own queue with its own batch.
+    elif len(r.engines) > 1:
         queue = max(nonneg(w) / max(p.target_queue_depth, nonneg(n)) for w, n in r.engines)
     else:
         queue = nonneg(r.waiting) / max(p.target_queue_depth, nonneg(r.running))
@@ -162,11 +171,44 @@ def _score_signals(r: ReplicaInput, p: ScoringParams) -> ReplicaScore:
     return ReplicaScore(demand, load, queue, reject, rejecting, assumed_at_target=False)
 
 
-def score_replica(r: ReplicaInput, p: ScoringParams) -> ReplicaScore:
-    score = _score_signals(r, p)
+def score_replica(r: ReplicaInput, p: ScoringParams, drain_requests: float | None = None) -> ReplicaScore:
+    """One replica's pressure. ``drain_requests``: the requests one replica serves in one start-up (see
+    ``drain_requests``); None while no capacity is known, and the queue counts in running batches."""
+    score = _score_signals(r, p, drain_requests)
     if r.expired and score.demand < 1.0:
         return ReplicaScore(1.0, score.load, score.queue, score.reject, score.rejecting, True)
     return score
+
+
+def drain_requests(demand: DemandEstimate | None) -> float | None:
+    """Requests one replica serves within one start-up: the unit a backlog is counted in once a capacity is
+    known (configured, learned, served or read from KV). None without one.
+
+    Why a start-up: a replica asked for now serves nothing before it, so what the fleet holds is drained by
+    the replicas there are plus the ones that arrive after one start-up; a backlog that one replica clears
+    within that horizon needs no replica of its own. Counting it in running batches instead (what the
+    pressure side does without a capacity) treats each batch of waiting requests as a replica's worth: on a
+    real vLLM whose batch of 16 short requests drains in under 2 s, a queue growing at 10 req/s behind a
+    fleet that could not grow read 43.7 replicas within 150 s for a need of 3.3.
+    """
+    if demand is None or demand.capacity_rps is None:
+        return None
+    per_replica = demand.capacity_rps * demand.startup_s
+    return per_replica if math.isfinite(per_replica) and per_replica > 0 else None
+
+
+def backlog_replicas(scores: Sequence[ReplicaScore], drain: float | None) -> float | None:
+    """Replicas that drain what already waits within one start-up, on top of what the arrivals need.
+
+    Each replica's backlog asks for at most ``MAX_BACKLOG_TERM`` (one) replica beside it: a queue that
+    outgrew it keeps growing only while capacity cannot arrive (``maxReplicaCount`` reached, pods Pending),
+    and asking for more then buys nothing but the overshoot once the capacity comes (the fleet scales
+    down only after the calm window). So under any sustained overload the composite stays within
+    ``rate + N`` and never grows with the backlog's age.
+    """
+    if drain is None:
+        return None
+    return math.fsum(s.queue for s in scores)
 
 
 def with_incoming(excess: float, incoming: int) -> float:
@@ -218,7 +260,8 @@ def composite(
     expired = sum(1 for r in replicas if r.expired)
     if expired == len(replicas):
         raise NoFreshData(f"no fresh data from any of {len(replicas)} replicas")
-    scores = [score_replica(r, p) for r in replicas]
+    drain = drain_requests(demand)
+    scores = [score_replica(r, p, drain) for r in replicas]
     total = math.fsum(s.demand for s in scores)
     reject = math.fsum(s.reject for s in scores)
     if any(s.rejecting for s in scores):
@@ -236,6 +279,7 @@ def composite(
     pressure = total
     utilization = p.target_utilization
     rate = demand.replicas(utilization) if demand is not None else None
+    backlog = backlog_replicas(scores, drain)
     if rate is not None and demand is not None and not demand.knee_known:
         # Before any replica was seen past its knee the capacity is a prior (read from KV, whose knee
         # depends on the mix and the hardware: 0.1 on long prompts, 1.0 on a small pool) or the rate a
@@ -243,6 +287,9 @@ def composite(
         # as far as the need exceeds what replicas were seen to serve, so a fleet holding a steady load
         # is not grown (property d) while a load rising past it is answered before anything saturates.
         rate = min(rate, max(float(len(scores)), demand.beyond_served(utilization) or 0.0))
+    if rate is not None and backlog is not None:
+        # the arrivals' replicas plus the ones that drain what already waits within one start-up
+        rate += backlog
     if rate is not None and pressure > 0:
         # sizing for the load there is: a fleet with nothing in flight anywhere reads idle (IsActive
         # false, property h's converse), not busy for as long as the last 5 minutes' mean lasts

@@ -236,7 +236,7 @@ def test_the_rate_term_is_the_demand_and_pressure_the_guard() -> None:
     assert c.rate == pytest.approx(40.0 / (10.0 * 0.8)) and c.value == pytest.approx(5.0)
     assert c.dominant == "rate" and c.pressure == pytest.approx(4 * 0.2 / 0.85)
     # replicas past the knee (KV full, queues) outweigh a rate read with a capacity that was too high
-    full = [ReplicaInput(waiting=100, running=200, kv_usage=1.0) for _ in range(4)]
+    full = [ReplicaInput(waiting=100, running=200, kv_usage=1.0) for _ in range(5)]
     c = composite(full, p, demand=est)
     assert c.value == round(c.pressure, 3) and c.pressure > c.rate > 0 and c.dominant in ("load", "queue")
     # no capacity yet (a near-idle fleet, nothing learned): the pressure terms alone, as before

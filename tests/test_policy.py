@@ -194,17 +194,24 @@ def test_the_rate_term_only_raises_the_composite_and_is_monotone_in_offered_load
     replicas: list[ReplicaInput], need: float, more: float, capacity: float | None, util: float
 ) -> None:
     """Successor of (b) and (f): the demand can never read a fleet lower than its pressure side (missing
-    or low arrival counts never become low load), and more offered load never asks for fewer replicas."""
+    or low arrival counts never become low load), and more offered load never asks for fewer replicas.
+    Once a capacity is known the queue counts as work (what a replica drains in a start-up, at most one
+    replica each) instead of running batches; KV and rejects read exactly as without a demand."""
     if all(r.expired for r in replicas):
         replicas[0] = ReplicaInput(**{**_fields(replicas[0]), "expired": False})
     p = ScoringParams(target_utilization=util)
     without = composite(replicas, p)
     low = composite(replicas, p, demand=_estimate(need, capacity))
     high = composite(replicas, p, demand=_estimate(need + more, capacity))
-    assert low.value >= without.value and high.value >= low.value
-    if capacity is not None and without.pressure > 0:
+    assert low.value >= round(min(low.pressure, MAX_COMPOSITE), 3) and high.value >= low.value
+    assert low.load == pytest.approx(without.load) and low.reject == pytest.approx(without.reject)
+    if capacity is None:
+        assert low.value == without.value
+    elif low.pressure > 0:
         # (clamped at the documented maximum: 6,251 req/s at 0.125 req/s per replica is 100,016 of them)
-        assert low.value == round(min(max(without.pressure, need / (capacity * util)), MAX_COMPOSITE), 3)
+        backlog = sum(min(1.0, (r.waiting or 0.0) / (capacity * 180.0)) for r in replicas)
+        assert low.queue == pytest.approx(backlog)
+        assert low.value == round(min(max(low.pressure, need / (capacity * util) + backlog), MAX_COMPOSITE), 3)
     if without.pressure == 0:
         assert low.value == without.value  # an idle fleet stays idle: the last minutes' mean is not load now
 
