@@ -79,6 +79,17 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "probe",
         help="call a running scaler as KEDA does (spec, metrics, active, stream) and explain its answer",
     )
+    loadgen = sub.add_parser(
+        "loadgen",
+        help="send a trace's arrivals to real engines as streaming OpenAI requests (open loop) and measure TTFT",
+        description="Open-loop streaming /v1/completions load from a trace (Azure CSV, a bundled one, or a "
+        "ServeGen curve), rescaled to --rate, against one or more engines; measures TTFT and inter-token "
+        "latency client-side and writes a JSON summary and a PNG.",
+    )
+    if command == "loadgen":
+        from keda_llm_scaler.enginelab.loadgen_cli import add_loadgen_arguments
+
+        add_loadgen_arguments(loadgen)
     if command == "probe":  # gRPC and httpx clients: loaded only for this command
         from keda_llm_scaler.probe import add_probe_arguments
 
@@ -220,6 +231,8 @@ def _plots_missing(args: argparse.Namespace) -> str | None:
         needs = "--plot"
     elif args.command == "replay" and args.sweep:
         needs = "--sweep's Pareto plot"
+    elif args.command == "loadgen" and args.plot is not None:
+        needs = "--plot"
     else:
         return None  # a replay without --plot or --sweep draws nothing: it runs without matplotlib
     try:
@@ -281,6 +294,14 @@ def _main(argv: list[str]) -> int:
         from keda_llm_scaler.probe import probe_main
 
         return probe_main(args)
+
+    if args.command == "loadgen":
+        if (missing := _plots_missing(args)) is not None:
+            print(f"keda-llm-scaler loadgen: {missing}", file=sys.stderr)
+            return 2
+        from keda_llm_scaler.enginelab.loadgen_cli import loadgen_main
+
+        return loadgen_main(args)
 
     if args.command in ("demo", "replay"):
         if (missing := _plots_missing(args)) is not None:

@@ -53,3 +53,7 @@ async def channel(scaler: ScalerServer) -> AsyncIterator[grpc.aio.Channel]:
 # The end-to-end tests need the real control plane: they run inside `scripts/controlplane run`, which
 # sets KLS_PODS (README, "Tests"); anywhere else their directory is not collected.
 collect_ignore_glob = [] if os.environ.get("KLS_PODS") else ["e2e/*"]
+# The real-engine tests need real vLLM engines: they run inside `scripts/engine run`, which sets
+# KLS_ENGINE_URLS (`scripts/engine test`); anywhere else their directory is not collected.
+if not os.environ.get("KLS_ENGINE_URLS"):
+    collect_ignore_glob.append("engine/*")

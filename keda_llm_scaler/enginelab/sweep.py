@@ -1,0 +1,103 @@
+"""One engine's capacity at a TTFT SLO, measured by a static rate sweep of open-loop Poisson load.
+
+The capacity is the highest arrival rate at which at least ``attainment`` of the requests get their first
+token within the SLO: found by growing the rate by half until a point misses, then bisecting, and
+interpolating linearly between the last point that met it and the first that missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from keda_llm_scaler.enginelab.loadgen import Arrival, run_load, summarize
+
+__all__ = ["SweepPoint", "capacity_at_slo", "poisson_arrivals"]
+
+
+def poisson_arrivals(rate: float, duration_s: float, prompt: int, output: int, seed: int = 0) -> list[Arrival]:
+    rng = random.Random(seed)
+    t, out = 0.0, list[Arrival]()
+    while True:
+        t += rng.expovariate(rate)
+        if t >= duration_s:
+            return out
+        out.append(Arrival(t, prompt, output))
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    rate: float
+    attainment: float
+    summary: dict[str, Any]
+
+
+def _point(url: str, model: str, rate: float, duration_s: float, prompt: int, output: int, slo: float) -> SweepPoint:
+    arrivals = poisson_arrivals(rate, duration_s, prompt, output, seed=round(rate * 1000))
+    result = asyncio.run(run_load([url], arrivals, model))
+    summary = summarize(result, slo)
+    att = float(summary["slo_attainment"] or 0.0)
+    print(
+        f"sweep: {rate:6.2f} req/s  attainment {100 * att:5.1f} %  TTFT p50 {summary['ttft_p50_s']:.3f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return SweepPoint(rate, att, summary)
+
+
+def capacity_at_slo(
+    url: str,
+    model: str,
+    *,
+    slo_s: float,
+    prompt: int,
+    output: int,
+    start_rate: float = 1.0,
+    attainment: float = 0.95,
+    duration_s: float = 30.0,
+    bisections: int = 2,
+) -> tuple[float, list[SweepPoint]]:
+    points: list[SweepPoint] = []
+    lo: SweepPoint | None = None
+    rate = start_rate
+    while True:
+        p = _point(url, model, rate, duration_s, prompt, output, slo_s)
+        points.append(p)
+        if p.attainment < attainment:
+            hi = p
+            break
+        lo = p
+        rate *= 1.5
+    if lo is None:  # even the first rate missed: go down until one meets it
+        while hi.rate > 0.05:
+            p = _point(url, model, hi.rate / 2, duration_s, prompt, output, slo_s)
+            points.append(p)
+            if p.attainment >= attainment:
+                lo = p
+                break
+            hi = p
+        if lo is None:
+            return 0.0, points
+    for _ in range(bisections):
+        p = _point(url, model, (lo.rate + hi.rate) / 2, duration_s, prompt, output, slo_s)
+        points.append(p)
+        if p.attainment >= attainment:
+            lo = p
+        else:
+            hi = p
+    return _interpolate(lo, hi, attainment), points
+
+
+def _interpolate(lo: SweepPoint, hi: SweepPoint, attainment: float) -> float:
+    drop = lo.attainment - hi.attainment
+    if drop <= 0:
+        return lo.rate
+    return lo.rate + (hi.rate - lo.rate) * (lo.attainment - attainment) / drop
+
+
+def rates(points: Sequence[SweepPoint]) -> list[tuple[float, float]]:
+    return [(p.rate, p.attainment) for p in points]
