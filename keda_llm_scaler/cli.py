@@ -86,6 +86,16 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "ServeGen curve), rescaled to --rate, against one or more engines; measures TTFT and inter-token "
         "latency client-side and writes a JSON summary and a PNG.",
     )
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="fit a replica profile for the simulator from a short benchmark of a running vLLM engine",
+        description="Send prefill and decode probes to a running vLLM V1 engine, read its own histograms and "
+        "cache config, and write a profile (the bundled profiles' step-time model) for replay --profile FILE.",
+    )
+    if command == "calibrate":
+        from keda_llm_scaler.enginelab.calibrate import add_calibrate_arguments
+
+        add_calibrate_arguments(calibrate)
     if command == "loadgen":
         from keda_llm_scaler.enginelab.loadgen_cli import add_loadgen_arguments
 
@@ -294,6 +304,11 @@ def _main(argv: list[str]) -> int:
         from keda_llm_scaler.probe import probe_main
 
         return probe_main(args)
+
+    if args.command == "calibrate":
+        from keda_llm_scaler.enginelab.calibrate import calibrate_main
+
+        return calibrate_main(args)
 
     if args.command == "loadgen":
         if (missing := _plots_missing(args)) is not None:

@@ -61,6 +61,10 @@ class Profile:
     cold_start_p90_s: float
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 1024
+    # The API server's own time per request before its first token reaches the client (tokenizing, the
+    # hand-off to the engine, the first chunk's write): added to each TTFT, not to the engine's steps. 0 in
+    # the GPU profiles, whose coefficients are engine-side; ``calibrate`` measures it on a running engine.
+    ttft_overhead_ms: float = 0.0
 
     def step_ms(self, prefill_tokens: float, decoding: int, context_tokens: float, attention: float = 0.0) -> float:
         """T_step (the module's docstring), the one definition the simulator runs; ``attention`` is
@@ -147,7 +151,8 @@ PROFILES: Final[dict[str, Profile]] = {
     )
 }
 
-_NUMBERS: Final = ("c_ms", "b_ms", "d_ms", "e_ms", "f_ms", "cold_start_mean_s", "cold_start_p90_s")
+_NUMBERS: Final = ("c_ms", "b_ms", "d_ms", "e_ms", "f_ms", "cold_start_mean_s", "cold_start_p90_s", "ttft_overhead_ms")
+_OPTIONAL: Final = ("max_num_batched_tokens", "max_num_seqs", "ttft_overhead_ms")
 _COUNTS: Final = ("kv_tokens", "gpus", "max_num_batched_tokens", "max_num_seqs")
 
 
@@ -171,6 +176,7 @@ def load_profile(path: Path) -> Profile:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a profile is a mapping of the fields {', '.join(_NUMBERS + _COUNTS)}")
     fields = {f.name for f in dataclasses.fields(Profile)}
+    data = {k: v for k, v in data.items() if k != "fit_points"}  # calibrate's evidence, kept beside the fit
     unknown = sorted(set(data) - fields)
     if unknown:
         raise ValueError(f"{path}: unknown profile field(s) {', '.join(map(str, unknown))}")
@@ -180,7 +186,7 @@ def load_profile(path: Path) -> Profile:
     }
     for key in _NUMBERS + _COUNTS:
         if key not in data:
-            if key in ("max_num_batched_tokens", "max_num_seqs"):
+            if key in _OPTIONAL:
                 continue
             raise ValueError(f"{path}: missing profile field {key!r}")
         raw = data[key]

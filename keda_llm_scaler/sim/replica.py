@@ -336,9 +336,10 @@ class SimReplica:
         r.generated += 1
         self.generation_tokens_total += 1
         if r.first_token_at is None:
-            r.first_token_at = self.clock
+            # the API server's own time per request reaches the client on top of the engine's
+            r.first_token_at = self.clock + self.profile.ttft_overhead_ms / 1000.0
             self.prompt_tokens_total += r.prompt  # as vLLM V1 counts it: once, at the first token
-            ttft = self.clock - r.arrival
+            ttft = r.first_token_at - r.arrival
             self._ttft_sum += ttft
             self._ttft_counts[bisect_left(TTFT_BUCKETS, ttft)] += 1
         if r.generated >= r.output:
