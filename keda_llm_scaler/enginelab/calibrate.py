@@ -3,15 +3,18 @@
 It sends its own load in two phases and reads the engine's own histograms (sum and count before and after
 each phase, so only its own requests count) and its cache config:
 
-- **prefill**: one request at a time with prompts of several lengths and one output token; the engine's
-  ``request_prefill_time_seconds`` per request is ``c + b·P + f·P²/2`` (one step: the prompt fits the
-  token budget), fitted by least squares for ``b`` and ``f`` once ``c`` is known;
-- **decode**: batches of B concurrent requests with short prompts and long outputs, at several B; the
-  engine's ``inter_token_latency_seconds`` mean is ``c + d·B + e·K/1000`` with ``K`` the batch's mean
-  context, fitted for ``c``, ``d`` and ``e``;
-- **the API server's own time per request** (tokenizing, the hand-off to the engine, the first chunk's
-  write): the client's TTFT less the engine's prefill time on the idle engine, the median over the
-  prefill phase. The simulator adds it to every TTFT, not to the engine's steps.
+- **prefill**: one request at a time with prompts of several lengths and one output token, while
+  ``BACKGROUND_STREAMS`` long decodes keep the engine busy as serving does (an idle engine's prefill is
+  faster than a serving one's: on a CPU quota the busy engine has spent its quota when a prompt comes,
+  and its prompts share steps with decodes); the engine's ``request_prefill_time_seconds`` per request
+  is that mixed step, ``c + b·P + d·D + e·K/1000 + f·P²/2``, fitted for ``b`` and ``f`` once the decode
+  terms are known;
+- **decode**: batches of B concurrent requests with long outputs, at several B and two prompt lengths
+  (so the context is not just a multiple of the batch); the engine's ``inter_token_latency_seconds``
+  mean is ``c + d·B + e·K/1000`` with ``K`` the batch's mean context, fitted for ``c``, ``d`` and ``e``;
+- **the API server's own time per request** (tokenizing, the hand-off to the engine, the wait for the
+  current step, the first chunk's write): the client's TTFT less the engine's prefill time, the median
+  over the prefill phase. The simulator adds it to every TTFT, not to the engine's steps.
 
 KV tokens come from ``vllm:cache_config_info`` (``kv_cache_size_tokens``, else blocks x block size);
 ``max_num_seqs`` is given or read as the most requests the engine ran at once under a batch larger than it.
@@ -42,7 +45,10 @@ __all__ = ["Fit", "calibrate", "fit_decode", "fit_prefill", "least_squares"]
 PREFILL_PROMPTS = (32, 256, 512, 1024, 1536)
 PREFILL_REPEATS = 6
 DECODE_BATCHES = (1, 4, 8, 16, 32)
-DECODE_PROMPT, DECODE_OUTPUT = 16, 96
+DECODE_PROMPTS = (16, 768)  # short and long contexts at each batch size: K varies apart from B
+DECODE_OUTPUT = 96
+BACKGROUND_STREAMS = 2  # decodes running through the prefill probes
+BACKGROUND_PROMPT, BACKGROUND_OUTPUT = 16, 1500
 
 
 def _say(msg: str) -> None:
@@ -127,6 +133,43 @@ async def _burst(url: str, model: str, n: int, prompt: int, output: int) -> list
     return result.records
 
 
+async def _prefill_probes(url: str, model: str, max_model_len: int) -> tuple[list[tuple[int, float]], list[float]]:
+    """Prefill times per prompt length (engine-side) and client TTFT less them, with background decodes."""
+    url_list = [url]
+    streams = [Arrival(0.0, BACKGROUND_PROMPT, BACKGROUND_OUTPUT)] * BACKGROUND_STREAMS
+    background = asyncio.create_task(run_load(url_list, streams, model))
+    await asyncio.sleep(2.0)  # the background streams are decoding
+    points: list[tuple[int, float]] = []
+    overheads: list[float] = []
+    try:
+        for p in PREFILL_PROMPTS:
+            if p + 1 > max_model_len:
+                continue
+            before = await asyncio.to_thread(_scrape, url)
+            client: list[float] = []
+            for _ in range(PREFILL_REPEATS):
+                result = await run_load(url_list, [Arrival(0.0, p, 1)], model, timeout_s=300)
+                rec = result.records[0]
+                if rec.error is not None or rec.ttft_s is None:
+                    raise RuntimeError(f"a prefill probe of {p} tokens failed: {rec.error}")
+                client.append(rec.ttft_s * 1000.0)
+            after = await asyncio.to_thread(_scrape, url)
+            engine_ms = _mean_delta(before, after, "vllm:request_prefill_time_seconds")
+            if engine_ms is None:
+                raise RuntimeError("the engine's request_prefill_time_seconds did not move: is it vLLM V1?")
+            engine_ms *= 1000.0
+            points.append((p, engine_ms))
+            overheads.append(statistics.median(client) - engine_ms)
+            _say(f"prefill {p:5d} tokens: engine {engine_ms:7.1f} ms, client TTFT {statistics.median(client):7.1f} ms")
+        if background.done():
+            raise RuntimeError("the background decodes ended before the prefill probes did")
+    finally:
+        background.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await background
+    return points, overheads
+
+
 def _running_peak(url: str, stop: list[bool], peak: list[float]) -> None:
     while not stop[0]:
         with contextlib.suppress(OSError):
@@ -145,51 +188,38 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
         float(info.get("num_gpu_blocks", 0)) * float(info.get("block_size", 16))
     )
     asyncio.run(_burst(url, model, 2, 64, 8))  # warm: the first requests of an engine compile and allocate
-
-    prefill_points: list[tuple[int, float]] = []
-    overheads: list[float] = []
-    for p in PREFILL_PROMPTS:
-        if p + 1 > int(float(info.get("max_model_len", 1 << 30) or 1 << 30)):
-            continue
-        before = _scrape(url)
-        client: list[float] = []
-        for _ in range(PREFILL_REPEATS):
-            (rec,) = asyncio.run(_burst(url, model, 1, p, 1))
-            client.append(rec.ttft_s * 1000.0)
-        after = _scrape(url)
-        engine_ms = _mean_delta(before, after, "vllm:request_prefill_time_seconds")
-        if engine_ms is None:
-            raise RuntimeError("the engine's request_prefill_time_seconds did not move: is it vLLM V1?")
-        engine_ms *= 1000.0
-        prefill_points.append((p, engine_ms))
-        overheads.append(statistics.median(client) - engine_ms)
-        _say(f"prefill {p:5d} tokens: engine {engine_ms:7.1f} ms, client TTFT {statistics.median(client):7.1f} ms")
+    max_model_len = int(float(info.get("max_model_len", 1 << 30) or 1 << 30))
 
     decode_points: list[tuple[int, float, float]] = []
     peak = [0.0]
-    for b in DECODE_BATCHES:
-        stop = [False]
-        watcher = threading.Thread(target=_running_peak, args=(url, stop, peak), daemon=True)
-        watcher.start()
-        before = _scrape(url)
-        asyncio.run(_burst(url, model, b, DECODE_PROMPT, DECODE_OUTPUT))
-        after = _scrape(url)
-        stop[0] = True
-        watcher.join()
-        itl = _mean_delta(before, after, "vllm:inter_token_latency_seconds")
-        if itl is None:
-            raise RuntimeError("the engine's inter_token_latency_seconds did not move: is it vLLM V1?")
-        seqs = min(b, max_num_seqs or b)
-        context = seqs * (DECODE_PROMPT + DECODE_OUTPUT / 2)
-        decode_points.append((seqs, context, itl * 1000.0))
-        _say(f"decode batch {b:3d}: engine ITL {itl * 1000:7.2f} ms (running at most {peak[0]:.0f})")
-    seqs_cap = max_num_seqs or int(peak[0])
-    if max_num_seqs is None:
-        # batches above the cap ran as the cap: their points are at the cap's size
-        decode_points = [(min(b, seqs_cap), min(b, seqs_cap) * (DECODE_PROMPT + DECODE_OUTPUT / 2), y)
-                         for b, _, y in decode_points]  # fmt: skip
+    for prompt in DECODE_PROMPTS:
+        for b in DECODE_BATCHES:
+            if prompt + DECODE_OUTPUT > max_model_len:
+                continue
+            stop = [False]
+            watcher = threading.Thread(target=_running_peak, args=(url, stop, peak), daemon=True)
+            watcher.start()
+            before = _scrape(url)
+            asyncio.run(_burst(url, model, b, prompt, DECODE_OUTPUT))
+            after = _scrape(url)
+            stop[0] = True
+            watcher.join()
+            itl = _mean_delta(before, after, "vllm:inter_token_latency_seconds")
+            if itl is None:
+                raise RuntimeError("the engine's inter_token_latency_seconds did not move: is it vLLM V1?")
+            decode_points.append((b, float(prompt), itl * 1000.0))
+            _say(
+                f"decode batch {b:3d}, prompt {prompt:4d}: engine ITL {itl * 1000:7.2f} ms "
+                f"(running at most {peak[0]:.0f})"
+            )
+    seqs_cap = max(1, max_num_seqs or int(peak[0]))
+    # a batch above the cap runs as the cap; the mean context of a decode step is the prompt plus half the output
+    decode_points = [(min(b, seqs_cap), min(b, seqs_cap) * (p + DECODE_OUTPUT / 2), y) for b, p, y in decode_points]
     c, d, e = fit_decode(decode_points)
-    b_ms, f_ms = fit_prefill(prefill_points, c)
+    prefill_points, overheads = asyncio.run(_prefill_probes(url, model, max_model_len))
+    # the probes' steps also carried the background decodes: their share of each step is known now
+    background_ms = d * BACKGROUND_STREAMS + e * BACKGROUND_STREAMS * (BACKGROUND_PROMPT + BACKGROUND_OUTPUT / 4) / 1000
+    b_ms, f_ms = fit_prefill(prefill_points, c + background_ms)
     overhead = max(0.0, statistics.median(overheads)) if overheads else 0.0
     return Fit(
         c_ms=c,
@@ -199,7 +229,7 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
         f_ms=f_ms,
         ttft_overhead_ms=overhead,
         kv_tokens=kv_tokens,
-        max_num_seqs=max(1, seqs_cap),
+        max_num_seqs=seqs_cap,
         points={"prefill": prefill_points, "decode": decode_points, "ttft_overhead_ms": overheads},
     )
 

@@ -2,8 +2,11 @@
 arriving, on real vLLM engines each held to its CPU quota (issue #30).
 
 The capacity at the SLO is measured in the same run by a static rate sweep of one engine (open-loop
-Poisson, 200-token prompts, 50-token outputs, TTFT SLO 1 s at 95 %). Then both engines get 1.5x what
-they serve together, for 150 s, and the fleet cannot grow: its two endpoints are all there is.
+Poisson, 200-token prompts, 50-token outputs, TTFT SLO 1 s at 95 %), and its saturated throughput by a
+batch it never runs dry on. Then both engines get 1.5x what they can complete together, for 150 s, and
+the fleet cannot grow: its two endpoints are all there is. (1.5x the capacity at the SLO is no overload
+here: two engines behind least-in-flight routing pool their queues and met the SLO at 9.7 req/s where
+one alone missed it at 3.4.) What the load needs is its rate over the capacity at the SLO.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 import sys
 
 from keda_llm_scaler.enginelab.loadgen import run_load, summarize
-from keda_llm_scaler.enginelab.sweep import capacity_at_slo, poisson_arrivals
+from keda_llm_scaler.enginelab.sweep import capacity_at_slo, poisson_arrivals, saturated_throughput
 from tests.engine.conftest import Engines
 from tests.engine.scaler import Watch, scaler
 
@@ -26,8 +29,9 @@ def test_learned_capacity_matches_the_sweep_and_overload_reads_the_need(engines:
     capacity, points = capacity_at_slo(engines.urls[0], engines.model, slo_s=SLO_S, prompt=PROMPT, output=OUTPUT)
     print(f"capacity at the SLO: {capacity:.2f} req/s from {[(p.rate, p.attainment) for p in points]}", file=sys.stderr)
     assert capacity > 0.5, "an engine that serves nothing within the SLO: the engine, not the scaler, is broken"
+    throughput = saturated_throughput(engines.urls[0], engines.model, 8 * engines.max_num_seqs, PROMPT, OUTPUT)
     fleet = len(engines.urls)
-    rate = 1.5 * fleet * capacity
+    rate = 1.5 * fleet * max(throughput, capacity)
     need = rate / capacity
     arrivals = poisson_arrivals(rate, OVERLOAD_S, PROMPT, OUTPUT, seed=7)
     with scaler() as s:
@@ -39,6 +43,7 @@ def test_learned_capacity_matches_the_sweep_and_overload_reads_the_need(engines:
     values = [v for _, v in watch.readings]
     report = {
         "capacity_sweep": capacity,
+        "throughput": throughput,
         "learned": learned,
         "rate": rate,
         "need": need,

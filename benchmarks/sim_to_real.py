@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""The simulator against real vLLM engines: calibrate a profile on a running engine, then run the same
+open-loop arrivals on the real engines and through the simulator (a static fleet of the same size, the
+same least-in-flight routing), at three loads (below, at and above the knee), and compare attainment,
+TTFT p50/p95 and inter-token latency. Run inside ``scripts/engine run``:
+
+    scripts/engine run 2 --cpus 0.5 --max-num-seqs 16 -- python benchmarks/sim_to_real.py --out docs/sim-to-real/a
+    scripts/engine run 2 --cpus 0.75 --max-num-seqs 8 --layers 8 -- \
+        python benchmarks/sim_to_real.py --out docs/sim-to-real/b
+
+The knee is one real engine's capacity at the SLO (TTFT 1 s for 95 %), measured by a rate sweep with the
+same token mix; loads are 0.5, 0.9 and 1.3 of it per engine. The simulator's own knee for the calibrated
+profile is reported beside it. Each load runs ``--duration`` seconds of Poisson arrivals of the conversation trace's
+token mix, clamped to 512-token prompts and 128-token outputs (what these small engines serve).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from keda_llm_scaler.enginelab.calibrate import calibrate, write_profile
+from keda_llm_scaler.enginelab.loadgen import Arrival, run_load, summarize
+from keda_llm_scaler.enginelab.sweep import capacity_at_slo as real_capacity_at_slo
+from keda_llm_scaler.enginelab.sweep import poisson_arrivals
+from keda_llm_scaler.sim.profiles import get_profile
+from keda_llm_scaler.sim.run import RunConfig, capacity_at_slo, percentile, simulate
+from keda_llm_scaler.sim.trace import BUNDLED_TRACE, TraceRequest, load_trace
+
+SLO_S = 1.0
+LOADS = (0.5, 0.9, 1.3)
+MAX_PROMPT, MAX_OUTPUT = 512, 128
+
+
+def _say(msg: str) -> None:
+    print(f"sim-to-real: {msg}", file=sys.stderr, flush=True)
+
+
+def _real(urls: list[str], model: str, arrivals: list[Arrival]) -> dict[str, Any]:
+    result = asyncio.run(run_load(urls, arrivals, model, timeout_s=900))
+    s = summarize(result, SLO_S)
+    per_request_itl = [statistics.fmean(r.itl_s) for r in result.records if r.error is None and r.itl_s]
+    return {
+        "attainment": s["slo_attainment"],
+        "ttft_p50_s": s["ttft_p50_s"],
+        "ttft_p95_s": s["ttft_p95_s"],
+        "itl_p50_s": percentile(per_request_itl, 0.5),
+        "failed": s["failed"],
+        "requests": s["requests"],
+    }
+
+
+def _sim(profile: str, n: int, arrivals: list[Arrival], duration: float) -> dict[str, Any]:
+    reqs = [TraceRequest(a.t, a.prompt_tokens, a.output_tokens) for a in arrivals]
+    cfg = RunConfig(
+        policy="static", knob=float(n), profile=profile, slo_ttft_s=SLO_S, min_replicas=n, max_replicas=n,
+        initial_replicas=n, routing="least-loaded", keep_requests=True,
+    )  # fmt: skip
+    run = simulate(reqs, cfg)
+    overhead = get_profile(profile).ttft_overhead_ms / 1000.0
+    done = [r for r in run.requests if r.first_token_at is not None]
+    ttfts = [r.first_token_at - r.arrival for r in done]  # type: ignore[operator]
+    itl = [
+        (r.finished_at - (r.first_token_at - overhead)) / (r.output - 1)
+        for r in done
+        if r.finished_at is not None and r.output > 1
+    ]
+    return {
+        "attainment": sum(1 for t in ttfts if t <= SLO_S) / len(reqs),
+        "ttft_p50_s": percentile(ttfts, 0.5),
+        "ttft_p95_s": percentile(ttfts, 0.95),
+        "itl_p50_s": percentile(itl, 0.5),
+        "requests": len(reqs),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, type=Path, help="a directory: profile.json, results.json")
+    ap.add_argument("--duration", type=float, default=120.0)
+    args = ap.parse_args()
+    urls = os.environ["KLS_ENGINE_URLS"].split(",")
+    model = os.environ["KLS_ENGINE_MODEL"]
+    config = {k: os.environ.get(f"KLS_ENGINE_{k.upper()}") for k in ("cpus", "max_num_seqs", "layers")}
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    fit = calibrate(urls[0], model)
+    profile_path = args.out / "profile.json"
+    ready = os.environ.get("KLS_ENGINE_READY_SECONDS", "60").split(",")
+    profile = write_profile(
+        fit,
+        profile_path,
+        name=f"cpu-{config['layers']}l-{config['cpus']}cpu-{config['max_num_seqs']}seqs",
+        description=f"tiny Llama, {config['layers']} layers, {config['cpus']} CPU, {config['max_num_seqs']} seqs",
+        cold_start_s=round(statistics.fmean(float(x) for x in ready), 1),
+    )
+    _say(f"calibrated in {time.monotonic() - t0:.0f} s: {profile}")
+    mix = [(min(r.prompt, MAX_PROMPT), min(r.output, MAX_OUTPUT)) for r in load_trace(BUNDLED_TRACE)[:4000]]
+    sim_knee = capacity_at_slo(get_profile(str(profile_path)), tuple(mix), SLO_S)
+    _say(f"simulated capacity at the SLO: {sim_knee:.2f} req/s per engine")
+    # the loads are set from the real engine's knee (a sweep of one engine with the same mix)
+    knee, points = real_capacity_at_slo(urls[0], model, slo_s=SLO_S, prompt=0, output=0, mix=mix, bisections=2)
+    _say(f"real capacity at the SLO: {knee:.2f} req/s per engine")
+    rows = []
+    for i, share in enumerate(LOADS):
+        rate = share * knee * len(urls)
+        arrivals = poisson_arrivals(rate, args.duration, 0, 0, seed=100 + i, mix=mix)
+        real = _real(urls, model, arrivals)
+        sim = _sim(str(profile_path), len(urls), arrivals, args.duration)
+        row = {"load": share, "rate": rate, "engines": len(urls), "real": real, "sim": sim}
+        rows.append(row)
+        _say(json.dumps(row))
+    result = {
+        "config": config,
+        "profile": profile,
+        "knee_rps": knee,
+        "sim_knee_rps": sim_knee,
+        "sweep": [(p.rate, p.attainment) for p in points],
+        "slo_s": SLO_S,
+        "rows": rows,
+    }
+    (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    return 0
+
+
+def table(result: dict[str, Any]) -> str:
+    head = "| load | req/s | attainment real / sim (points) | TTFT p50 s real / sim (error) | TTFT p95 s real / sim |"
+    lines = [head + " ITL p50 ms real / sim |", "|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        r, s = row["real"], row["sim"]
+        err = (s["ttft_p50_s"] - r["ttft_p50_s"]) / r["ttft_p50_s"] if r["ttft_p50_s"] else float("nan")
+        lines.append(
+            f"| {row['load']:.1f} x knee | {row['rate']:.2f} | "
+            f"{100 * r['attainment']:.1f} / {100 * s['attainment']:.1f} "
+            f"({100 * (s['attainment'] - r['attainment']):+.1f}) | {r['ttft_p50_s']:.3f} / {s['ttft_p50_s']:.3f} "
+            f"({100 * err:+.0f} %) | {r['ttft_p95_s']:.2f} / {s['ttft_p95_s']:.2f} | "
+            f"{1000 * (r['itl_p50_s'] or 0):.1f} / {1000 * (s['itl_p50_s'] or 0):.1f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

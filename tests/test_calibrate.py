@@ -1,0 +1,74 @@
+"""calibrate's fit and the profile it writes: known step-time coefficients are recovered from points made
+with them, the file is what `replay --profile FILE` reads, and the API server's overhead reaches every
+simulated TTFT and nothing else. (The probes on a real engine run in docs/sim-to-real.md's benchmark.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from keda_llm_scaler.enginelab.calibrate import Fit, fit_decode, fit_prefill, least_squares, write_profile
+from keda_llm_scaler.sim.profiles import get_profile, load_profile
+from keda_llm_scaler.sim.replica import Request, SimReplica
+
+
+def test_least_squares_recovers_a_plane_and_zeroes_what_the_data_cannot_tell() -> None:
+    rows = [(1.0, x, y) for x in (1.0, 2.0, 5.0) for y in (0.0, 3.0)]
+    ys = [2.0 + 0.5 * x - 1.5 * y for _, x, y in rows]
+    assert least_squares(rows, ys) == pytest.approx([2.0, 0.5, -1.5])
+    # a column of zeros has no information: 0, not a division by zero
+    assert least_squares([(1.0, 0.0), (1.0, 0.0)], [3.0, 3.0]) == pytest.approx([3.0, 0.0])
+
+
+def test_the_decode_and_prefill_fits_recover_the_step_time_model() -> None:
+    c, d, e, b, f = 12.0, 0.8, 0.3, 0.05, 2e-5
+    decode = [
+        (n, n * (16 + 48.0) + extra, c + d * n + e * (n * 64.0 + extra) / 1000)
+        for n in (1, 4, 8, 16)
+        for extra in (0.0, 5000.0)
+    ]
+    assert fit_decode(decode) == pytest.approx((c, d, e))
+    prefill = [(p, c + b * p + f * p * p / 2) for p in (32, 256, 512, 1024)]
+    assert fit_prefill(prefill, c) == pytest.approx((b, f))
+    # noise that would make a coefficient negative drops that term instead of fitting a negative cost
+    cf, df, ef = fit_decode([(1, 100.0, 10.0), (4, 400.0, 12.0), (8, 300.0, 14.0)])
+    assert min(cf, df, ef) >= 0
+
+
+def test_the_profile_file_loads_and_replays(tmp_path: Path) -> None:
+    fit = Fit(18.7, 0.094, 1.38, 0.0, 0.0, 34.0, 262144, 16, {"prefill": [[32, 33.2]], "decode": [[1, 64, 19.0]]})
+    path = tmp_path / "cpu.json"
+    write_profile(fit, path, name="cpu", description="test", cold_start_s=60.0)
+    profile = load_profile(path)
+    assert (profile.c_ms, profile.max_num_seqs, profile.kv_tokens, profile.ttft_overhead_ms) == (18.7, 16, 262144, 34.0)
+    exe = Path(sys.executable).parent / "keda-llm-scaler"
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:00:{i // 4:02d}.{(i % 4) * 25:02d}0000,200,20\n" for i in range(120)
+    ))  # fmt: skip
+    proc = subprocess.run(
+        [str(exe), "replay", "--trace", str(trace), "--profile", str(path), "--policy", "static", "--knob", "1",
+         "--slo-ttft", "1", "--json"], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["profile"] == str(path) and summary["requests"] == 120 and summary["slo_attainment"] > 0
+
+
+def test_the_api_server_overhead_adds_to_every_ttft_and_to_nothing_else() -> None:
+    base = get_profile("8b-h100")
+    slow = dataclasses.replace(base, ttft_overhead_ms=40.0)
+    done = {}
+    for name, profile in (("base", base), ("slow", slow)):
+        replica = SimReplica(profile)
+        replica.submit([Request(i, 0.01 * i, 300, 30) for i in range(50)])
+        replica.advance(60.0)
+        done[name] = sorted(replica.finished, key=lambda r: r.rid)
+    for a, b in zip(done["base"], done["slow"], strict=True):
+        assert b.ttft == pytest.approx(a.ttft + 0.040)
+        assert b.finished_at == pytest.approx(a.finished_at)  # the engine's schedule is the same
