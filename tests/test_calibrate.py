@@ -38,6 +38,12 @@ def test_the_decode_and_prefill_fits_recover_the_step_time_model() -> None:
     # noise that would make a coefficient negative drops that term instead of fitting a negative cost
     cf, df, ef = fit_decode([(1, 100.0, 10.0), (4, 400.0, 12.0), (8, 300.0, 14.0)])
     assert min(cf, df, ef) >= 0
+    # the batch barely matters at short contexts, the context a lot at long ones (as on a CPU engine): the
+    # context term is kept when the batch's comes out negative
+    cpu = [(1, 64, 38.0), (4, 256, 29.5), (8, 512, 29.4), (16, 1024, 36.6), (1, 816, 32.9), (4, 3264, 56.7),
+           (8, 6528, 84.2), (16, 13056, 110.2)]  # fmt: skip
+    c2, d2, e2 = fit_decode(cpu)
+    assert d2 >= 0 and e2 > 4.0 and c2 > 20.0
 
 
 def test_the_profile_file_loads_and_replays(tmp_path: Path) -> None:

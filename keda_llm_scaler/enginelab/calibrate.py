@@ -109,10 +109,15 @@ class Fit:
 
 def fit_decode(points: Sequence[tuple[int, float, float]]) -> tuple[float, float, float]:
     """(batch B, mean context K, mean ITL ms) -> c, d, e of ``ITL = c + d·B + e·K/1000``, each >= 0."""
-    c, d, e = least_squares([(1.0, float(b), k / 1000.0) for b, k, _ in points], [y for _, _, y in points])
-    if e < 0 or d < 0:  # the context and the batch grow together here: keep the one the data can carry
-        c, d = least_squares([(1.0, float(b)) for b, _, _ in points], [y for _, _, y in points])
-        e = 0.0
+    ys = [y for _, _, y in points]
+    c, d, e = least_squares([(1.0, float(b), k / 1000.0) for b, k, _ in points], ys)
+    # a negative cost is noise on a term the data barely moves: refit without it
+    if d < 0 and e >= 0:
+        (c, e), d = least_squares([(1.0, k / 1000.0) for _, k, _ in points], ys), 0.0
+    elif e < 0 and d >= 0:
+        (c, d), e = least_squares([(1.0, float(b)) for b, _, _ in points], ys), 0.0
+    elif d < 0 and e < 0:
+        c, d, e = statistics.fmean(ys), 0.0, 0.0
     return max(c, 0.1), max(d, 0.0), max(e, 0.0)
 
 
