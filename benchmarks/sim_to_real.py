@@ -57,7 +57,7 @@ def _real(urls: list[str], model: str, arrivals: list[Arrival]) -> dict[str, Any
     }
 
 
-def _sim(profile: str, n: int, arrivals: list[Arrival], duration: float) -> dict[str, Any]:
+def _sim(profile: str, n: int, arrivals: list[Arrival]) -> dict[str, Any]:
     reqs = [TraceRequest(a.t, a.prompt_tokens, a.output_tokens) for a in arrivals]
     cfg = RunConfig(
         policy="static", knob=float(n), profile=profile, slo_ttft_s=SLO_S, min_replicas=n, max_replicas=n,
@@ -113,7 +113,7 @@ def main() -> int:
         rate = share * knee * len(urls)
         arrivals = poisson_arrivals(rate, args.duration, 0, 0, seed=100 + i, mix=mix)
         real = _real(urls, model, arrivals)
-        sim = _sim(str(profile_path), len(urls), arrivals, args.duration)
+        sim = _sim(str(profile_path), len(urls), arrivals)
         row = {"load": share, "rate": rate, "engines": len(urls), "real": real, "sim": sim}
         rows.append(row)
         _say(json.dumps(row))

@@ -26,6 +26,8 @@ from typing import Any
 
 import aiohttp
 
+from keda_llm_scaler.sim.run import percentile  # the replay's quantile: the two are compared
+
 __all__ = ["Arrival", "LoadResult", "RequestRecord", "rescale", "run_load", "summarize"]
 
 PROMPT_ID_RANGE = (100, 1000)  # token ids every tokenizer of a real model has: no special ones
@@ -201,13 +203,6 @@ async def run_load(
         return LoadResult(records, time.monotonic() - start, lag)
 
 
-def _quantile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
-
-
 def summarize(result: LoadResult, slo_ttft_s: float, *, skip_s: float = 0.0) -> dict[str, Any]:
     """The run's figures: TTFT and inter-token quantiles, SLO attainment (TTFT within ``slo_ttft_s``;
     a failed request misses), over requests arriving at or after ``skip_s``, and a 10 s timeline."""
@@ -230,8 +225,8 @@ def summarize(result: LoadResult, slo_ttft_s: float, *, skip_s: float = 0.0) -> 
             {
                 "t": lo,
                 "offered_rps": len(window) / TIMELINE_S,
-                "ttft_p50_s": _quantile(w_ttft, 0.5),
-                "ttft_p95_s": _quantile(w_ttft, 0.95),
+                "ttft_p50_s": percentile(w_ttft, 0.5),
+                "ttft_p95_s": percentile(w_ttft, 0.95),
                 "failed": sum(1 for r in window if r.error is not None),
             }
         )
@@ -248,12 +243,12 @@ def summarize(result: LoadResult, slo_ttft_s: float, *, skip_s: float = 0.0) -> 
         "client_lag_s": result.lag_s,
         "slo_ttft_s": slo_ttft_s,
         "slo_attainment": (sum(1 for t in ttfts if t <= slo_ttft_s) / len(recs)) if recs else None,
-        "ttft_p50_s": _quantile(ttfts, 0.5),
-        "ttft_p95_s": _quantile(ttfts, 0.95),
-        "ttft_p99_s": _quantile(ttfts, 0.99),
-        "itl_p50_s": _quantile(itls, 0.5),
-        "itl_p95_s": _quantile(itls, 0.95),
-        "e2e_p50_s": _quantile([r.e2e_s for r in ok if r.e2e_s is not None], 0.5),
+        "ttft_p50_s": percentile(ttfts, 0.5),
+        "ttft_p95_s": percentile(ttfts, 0.95),
+        "ttft_p99_s": percentile(ttfts, 0.99),
+        "itl_p50_s": percentile(itls, 0.5),
+        "itl_p95_s": percentile(itls, 0.95),
+        "e2e_p50_s": percentile([r.e2e_s for r in ok if r.e2e_s is not None], 0.5),
         "output_tokens": sum(r.tokens for r in ok),
         "per_url": per_url,
         "skip_s": skip_s,

@@ -9,6 +9,7 @@ The serving capacity is what the quota is for.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from keda_llm_scaler.enginelab.build import MODEL_NAME, EngineEnv, ensure_model
@@ -52,7 +53,6 @@ class Engine:
     log: Path
     started: float
     ready_s: float | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -62,7 +62,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def engine_environment(spec: EngineSpec) -> dict[str, str]:
-    threads = "1" if spec.cpus is None else str(max(1, round(spec.cpus + 0.49)))
+    threads = "1" if spec.cpus is None else str(max(1, math.ceil(spec.cpus)))
     return {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": str(spec.kv_gib),

@@ -123,7 +123,3 @@ def saturated_throughput(url: str, model: str, n: int, prompt: int, output: int)
     rate = (len(done) - 1) / (done[-1] - done[0])
     print(f"sweep: saturated throughput {rate:.2f} req/s ({n} requests at once)", file=sys.stderr, flush=True)
     return rate
-
-
-def rates(points: Sequence[SweepPoint]) -> list[tuple[float, float]]:
-    return [(p.rate, p.attainment) for p in points]
