@@ -8,8 +8,9 @@ Per replica i (``kvT`` = targetKvUsage, ``qT`` = targetQueueDepth)::
     load_i    = kv_i / kvT                    KV in use, in replicas at target (1.0 = exactly at target)
     queue_i   = min(1, waiting_i / (C x H))  once a capacity C is known (any source), H the start-up
                                               horizon: the backlog as work (``drain_requests``)
-    queue_i   = waiting_i / max(qT, running_i)  while none is: work not yet admitted, in batches of what
-                                              the replica runs at once (never smaller than qT requests)
+    queue_i   = min(1, waiting_i / max(qT, running_i))  while none is: work not yet admitted, in batches
+                                              of what the replica runs at once (never smaller than qT
+                                              requests), at most one replica beside it either way
     reject_i  = min(1, rejects_i / admitted_i)  demand turned away, relative to what the replica serves
     if the replica is rejecting: load_i = max(load_i, 1)   (admission control fired: it is full)
     d_i       = load_i + queue_i + reject_i
@@ -79,7 +80,7 @@ REJECT_SHARE_THRESHOLD: Final = 0.01
 MAX_REJECT_TERM: Final = 1.0  # per replica and decision; the HPA doubles at most per 15 s anyway
 SLO_HOLD_SHARE: Final = 0.8  # TTFT above this share of the SLO: no scale-down
 SLO_BREACH_FACTOR: Final = 1.25  # TTFT above the SLO: at least a quarter more (and one more) replicas
-MAX_BACKLOG_TERM: Final = 1.0  # per replica, once a capacity is known: see ``backlog_replicas``
+MAX_BACKLOG_TERM: Final = 1.0  # per replica, with or without a capacity: see ``backlog_replicas``
 MAX_COMPOSITE: Final = 100_000.0  # replica-equivalents; past any fleet, and inside KEDA's int64 metricValue
 
 
@@ -151,7 +152,7 @@ def _score_signals(r: ReplicaInput, p: ScoringParams, drain_requests: float | No
     load = kv / p.target_kv_usage
     if drain_requests is not None:
         # With a capacity known the backlog is work, not batches: what one replica drains in a start-up.
-        queue = min(MAX_BACKLOG_TERM, nonneg(r.waiting) / drain_requests)
+        queue = nonneg(r.waiting) / drain_requests
     # Without one: a replica that runs 200 requests at once drains a queue of 20 in a step or two; one
     # that runs 3 does not. Counting the queue in units of the running batch keeps large-batch pods sane;
     # on a data-parallel pod each engine drains its own queue with its own batch.
@@ -159,6 +160,11 @@ def _score_signals(r: ReplicaInput, p: ScoringParams, drain_requests: float | No
         queue = max(nonneg(w) / max(p.target_queue_depth, nonneg(n)) for w, n in r.engines)
     else:
         queue = nonneg(r.waiting) / max(p.target_queue_depth, nonneg(r.running))
+    # Either way a replica's backlog asks for at most one replica beside it (``backlog_replicas``). Without
+    # the bound a queue counted in batches grows with the backlog's age for as long as no capacity is known:
+    # on two real engines overloaded 1.5x, 12.2 replicas within 25 s for a need of 3.8, before the capacity
+    # was learned at 30 s (it was 43.7 in 150 s at 0.2.0, which knew none).
+    queue = min(MAX_BACKLOG_TERM, queue)
     rejects, admitted = nonneg(r.reject_rate), nonneg(r.admitted_rate)
     rejecting = rejects > 0 and rejects >= REJECT_SHARE_THRESHOLD * (rejects + admitted)
     reject = 0.0

@@ -309,9 +309,9 @@ async def test_zero_config_discovery_from_scale_target_ref(
         assert snap is not None and snap.starting == 2
         assert {r.url for r in snap.evaluation.replicas} == {f"http://{r.host}:{r.port}/metrics" for r in fleet}
         for r in fleet:  # saturate: the excess over 3 ready replicas is discounted by the 2 starting
-            r.set(payload=vllm_v1([EngineLoad(60, 30, 0.85)]))
+            r.set(payload=vllm_v1([EngineLoad(60, 30, 0.85)]))  # each: KV 1 + its backlog's one replica
         await asyncio.sleep(1.2)
-        assert (await keda.poll()).value == pytest.approx(3 + max(3 * 2.0 - 2, 2), abs=0.01)
+        assert (await keda.poll()).value == pytest.approx(3 + max(3 * 1.0 - 2, 2), abs=0.01)  # 6 without
         paths = [p.split("?")[0] for p in state.requests]
         assert "/apis/keda.sh/v1alpha1/namespaces/serving/scaledobjects/llm" in paths
         assert "/apis/apps/v1/namespaces/serving/deployments/vllm-llama" in paths

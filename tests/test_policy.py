@@ -127,28 +127,31 @@ def test_idle_fleet_is_inactive() -> None:
     assert not composite(fleet(3, waiting=0, running=0, kv_usage=0.0), P).active(0.0)
 
 
-def test_queue_counts_in_running_batches() -> None:
-    small = composite([ReplicaInput(waiting=10, running=2, kv_usage=0.0)], P)
+def test_queue_counts_in_running_batches_up_to_one_replica() -> None:
+    small = composite([ReplicaInput(waiting=4, running=2, kv_usage=0.0)], P)
     large = composite([ReplicaInput(waiting=10, running=200, kv_usage=0.0)], P)
-    assert small.queue == pytest.approx(2.0)  # 10 / max(5, 2)
+    assert small.queue == pytest.approx(0.8)  # 4 / max(5, 2)
     assert large.queue == pytest.approx(0.05)  # 10 / 200
+    # a backlog asks for one replica beside its own however old it is: 40 batches are not 40 replicas
+    for waiting in (10, 200, 1e6):
+        assert composite([ReplicaInput(waiting=waiting, running=5, kv_usage=0.0)], P).queue == 1.0
 
 
 def test_hpa_asks_for_ceil_of_composite() -> None:
     # AverageValue with target 1: desired = ceil(sum / 1), whatever the current replica count.
-    replicas = [ReplicaInput(waiting=6, running=5, kv_usage=0.85)] * 3
+    replicas = [ReplicaInput(waiting=4, running=5, kv_usage=0.85)] * 3
     c = composite(replicas, P)
-    assert c.value == pytest.approx(3 * (1 + 6 / 5))
-    assert math.ceil(c.value / 1.0) == 7
+    assert c.value == pytest.approx(3 * (1 + 4 / 5))
+    assert math.ceil(c.value / 1.0) == 6
 
 
 def test_starting_replicas_count_as_capacity_on_the_way() -> None:
-    saturated = [ReplicaInput(waiting=400, running=100, kv_usage=1.0)] * 2  # each reads 1.18 + 4
+    saturated = [ReplicaInput(waiting=400, running=100, kv_usage=1.0)] * 4  # each reads 1.18 + 1
     alone = composite(saturated, P).value
     with_two_starting = composite(saturated, P, incoming=2).value
-    assert alone > 4
+    assert alone > 8
     assert with_two_starting == pytest.approx(alone - 2)  # the two on their way take two of the excess
-    assert composite(saturated, P, incoming=3).value == pytest.approx(2 + max(alone - 2 - 3, 3))
+    assert composite(saturated, P, incoming=3).value == pytest.approx(4 + max(alone - 4 - 3, 3))
     assert composite(saturated, P, incoming=50).value == alone  # more starting than needed: no discount
     # nothing changes while the fleet is within its ready replicas, and nothing ready holds the starting ones
     calm = [ReplicaInput(waiting=0, running=10, kv_usage=0.5)] * 3
@@ -179,6 +182,12 @@ def _estimate(need: float, capacity: float | None) -> DemandEstimate:
         startup_s=180.0,
         startup_source="default",
     )
+
+
+def test_an_absurd_demand_is_clamped_to_the_documented_maximum() -> None:
+    # an arrival counter that jumped by 1e300 would overflow KEDA's int64 metricValue
+    c = composite([ReplicaInput(waiting=3, running=4, kv_usage=0.5)], P, demand=_estimate(1e300, 1.0))
+    assert c.value == MAX_COMPOSITE and c.dominant == "rate"
 
 
 @given(

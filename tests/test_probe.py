@@ -34,8 +34,8 @@ from keda_llm_scaler.testing.serveproc import ServeProcess, serve
 
 EXE = os.path.join(os.path.dirname(sys.executable), "keda-llm-scaler")
 FAST = ("scrapeInterval=0.5", "scrapeTimeout=0.4")
-# One replica with a known queue: 20 waiting over a batch of 4 running, KV at 0.17.
-QUEUED = EngineLoad(waiting=20, running=4, kv=0.17)
+# One replica with a known queue: 6 waiting over a batch of 8 running, KV at 0.34.
+QUEUED = EngineLoad(waiting=6, running=8, kv=0.34)
 JSON_KEYS = {
     "address",
     "security",
@@ -93,11 +93,11 @@ def setup() -> Iterator[Setup]:
 
 def expected_composite() -> float:
     """What the scaler's policy makes of the replica's /metrics: the pressure side (no offered load)."""
-    return round(score_replica(ReplicaInput(waiting=20, running=4, kv_usage=0.17), ScoringParams()).demand, 3)
+    return round(score_replica(ReplicaInput(waiting=6, running=8, kv_usage=0.34), ScoringParams()).demand, 3)
 
 
 def test_the_expected_value_is_a_queue() -> None:
-    assert expected_composite() == pytest.approx(0.17 / 0.85 + 20 / 5)  # load 0.2 + queue 4
+    assert expected_composite() == pytest.approx(0.34 / 0.85 + 6 / 8)  # load 0.4 + queue 0.75
 
 
 # -- through the real scaler -----------------------------------------------------------------------
@@ -114,8 +114,8 @@ def test_poll_cycle_prints_the_answers_and_the_dominant_term(setup: Setup) -> No
     assert "true" in lines[3]
     assert f"ceil({value:g} / 1) = {int(value) + 1} replicas" in out.stdout
     assert f"composite {value:g}, dominant term: queue" in out.stdout
-    assert "terms: load 0.2, queue 4, reject 0, assumed 0, pressure 4.2" in out.stdout
-    assert "waiting 20, running 4" in out.stdout and "target_up 1" in out.stdout
+    assert "terms: load 0.4, queue 0.75, reject 0, assumed 0, pressure 1.15" in out.stdout
+    assert "waiting 6, running 8" in out.stdout and "target_up 1" in out.stdout
     assert out.stderr == ""
 
 
@@ -129,7 +129,7 @@ def test_json_output(setup: Setup) -> None:
     value = expected_composite()
     # GetMetrics was asked for the name the spec returned, and answered for it
     assert report["metrics"] == [
-        {"metricName": "llm_composite", "metricValue": 5, "metricValueFloat": value, "value": value}
+        {"metricName": "llm_composite", "metricValue": 2, "metricValueFloat": value, "value": value}
     ]
     assert report["value"] == value and report["active"] is True
     # the whole trigger metadata, scalerAddress included, as KEDA forwards it
@@ -146,10 +146,10 @@ def test_json_output(setup: Setup) -> None:
     e = report["explanation"]
     assert e["available"] is True and e["url"] == setup.metrics_url
     assert e["composite"] == value and e["dominant"] == "queue"
-    assert e["terms"]["load"] == pytest.approx(0.2) and e["terms"]["queue"] == pytest.approx(4.0)
+    assert e["terms"]["load"] == pytest.approx(0.4) and e["terms"]["queue"] == pytest.approx(0.75)
     assert e["terms"]["pressure"] == pytest.approx(value)
     assert e["replicas"]["fresh"] == 1 and e["target_up"] == 1.0
-    assert e["waiting_requests"] == 20 and e["running_requests"] == 4
+    assert e["waiting_requests"] == 6 and e["running_requests"] == 8
     # the series are this metadata's target's: the id the scaler gives it, computed from the same metadata
     meta = report["scaledObject"]["scalerMetadata"]
     assert e["target"] == parse_trigger("serving", "llm", meta).target_id and e["target_matches_metadata"]

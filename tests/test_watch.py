@@ -217,13 +217,13 @@ async def test_dual_stack_and_stuck_pods_end_to_end(api: tuple[FakeKube, FakeKub
                 assert {r.url for r in snap.evaluation.replicas} == {
                     f"http://127.0.0.{i}:{port}/metrics" for i in (2, 3)
                 }
-                for r in ready:  # 3 replica-equivalents each: an excess of 4 over the two ready replicas
+                for r in ready:  # 2 replica-equivalents each (KV 1, backlog 1): an excess of 2 over the two ready
                     r.set(payload=vllm_v1([EngineLoad(60, 30, 0.85)]))
 
                 async def scaled() -> bool:
-                    # one starting pod takes one of the excess: 2 + (4 - 1). Counting the three stuck
-                    # pods as starting too would hold the fleet at its current size instead (the bug)
-                    return (await keda.poll()).value == pytest.approx(5.0, abs=0.01)
+                    # one starting pod takes one of the excess: 2 + (2 - 1). Counting the three stuck
+                    # pods as starting too would take none of it (4: the bug)
+                    return (await keda.poll()).value == pytest.approx(3.0, abs=0.01)
 
                 await eventually(scaled, timeout=10.0)
                 text = await asyncio.to_thread(
