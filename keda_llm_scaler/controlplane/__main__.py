@@ -132,6 +132,12 @@ def _network() -> None:
     subprocess.run(["ip", "addr", "add", f"{NODE_IP}/24", "dev", "lo"], check=True)
 
 
+def _engine_built() -> bool:
+    from keda_llm_scaler.enginelab.build import engine_env
+
+    return engine_env().complete
+
+
 def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], name: str) -> None:
     import httpx
 
@@ -173,7 +179,9 @@ def _run_inside(args: argparse.Namespace) -> int:
             "pod-standin",
             [sys.executable, "-m", "keda_llm_scaler.controlplane.pods", "--kubeconfig", str(cp.kubeconfig),
              "--control", f"127.0.0.1:{PODS_CONTROL}", "--pod-cidr", POD_CIDR, "--profile", args.profile,
-             "--mix", args.mix, "--ready-after", str(args.ready_after)],
+             "--mix", args.mix, "--ready-after", str(args.ready_after), "--engine", args.pods,
+             "--engine-cpus", str(args.engine_cpus), "--engine-max-num-seqs", str(args.engine_max_num_seqs),
+             "--log-dir", str(workdir / "logs" / "engines")],
         )  # fmt: skip
         _wait_http(f"http://127.0.0.1:{PODS_CONTROL}/status", 30, pods, "pod stand-in")
         cp.serve_control(PLANE_CONTROL)
@@ -239,6 +247,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--profile", default="8b-h100", help="the pods' replica profile (default 8b-h100)")
     run.add_argument("--mix", default="decode-heavy", help="the load's token mix (default decode-heavy)")
     run.add_argument("--ready-after", type=float, default=3.0, help="seconds a pod takes to become Ready")
+    run.add_argument(
+        "--pods",
+        choices=("sim", "vllm"),
+        default="sim",
+        help="what a pod runs: the replica model (default) or a real vLLM engine at its address (scripts/engine "
+        "build first); with vllm, /load sends real streaming requests and GET /records lists them",
+    )
+    run.add_argument("--engine-cpus", type=float, default=0.5, help="with --pods vllm: each engine's CPU quota")
+    run.add_argument("--engine-max-num-seqs", type=int, default=16, help="with --pods vllm: --max-num-seqs")
     run.add_argument("--no-scaler", action="store_true", help="do not start keda-llm-scaler")
     run.add_argument(
         "--scaler-args", default="", help="more `serve` flags for the scaler (they override the run's own)"
@@ -259,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd and args.cmd[0] == "--":
         args.cmd = args.cmd[1:]
     if os.environ.get(INSIDE_ENV) != "1":
+        if args.pods == "vllm" and not _engine_built():
+            _say("--pods vllm needs the engine environment: run scripts/engine build first")
+            return 2
         if not binaries().complete:
             _say("binaries missing: building them first (scripts/controlplane build)")
             build()

@@ -24,13 +24,14 @@ import ipaddress
 import json
 import math
 import random
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -70,6 +71,16 @@ class LocalPod:
     @property
     def serving(self) -> bool:
         return self.ready and self.deleting_since is None
+
+
+class ReportedPod(Protocol):
+    """What a pod's status report needs (a simulated replica's pod or a real engine's)."""
+
+    namespace: str
+    name: str
+    uid: str
+    ip: str
+    reported_ready: bool
 
 
 @dataclass
@@ -209,7 +220,7 @@ class PodStandIn:
             self.pods[local.uid] = local
         self._report(local, ready=False)
 
-    def _report(self, local: LocalPod, ready: bool) -> None:
+    def _report(self, local: ReportedPod, ready: bool) -> None:
         now = _now()
         cond = "True" if ready else "False"
         status = {
@@ -331,6 +342,13 @@ class PodStandIn:
                 "errors": list(self.errors),
             }
 
+    def stop_all(self) -> None:
+        """Stop what the pods run (nothing to stop for simulated replicas)."""
+
+    def record_rows(self) -> list[dict[str, Any]] | None:
+        """Every request with how it went (real engines only: the simulated load keeps counts)."""
+        return None
+
     def set_load(self, namespace: str, app: str, rps: float, only: list[str] | None = None) -> None:
         if not (math.isfinite(rps) and rps >= 0):
             raise ValueError("rps must be a finite number >= 0")
@@ -356,10 +374,13 @@ class PodStandIn:
                 reply_json(self, code, body)
 
             def do_GET(self) -> None:
+                records = standin.record_rows() if self.path == "/records" else None
                 if self.path == "/status":
                     self._send(200, standin.status())
+                elif records is not None:
+                    self._send(200, records)
                 else:
-                    self._send(404, {"error": "GET /status"})
+                    self._send(404, {"error": "GET /status (or /records, with real engines)"})
 
             def do_POST(self) -> None:
                 try:
@@ -398,6 +419,10 @@ def _poisson(rng: random.Random, mean: float) -> int:
         k += 1
 
 
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m keda_llm_scaler.controlplane.pods", description=__doc__.split("\n\n")[0]
@@ -409,19 +434,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mix", default="decode-heavy", help="a lognormal token mix of sim.mixes")
     ap.add_argument("--ready-after", type=float, default=3.0, help="seconds from start to Ready (model loading)")
     ap.add_argument("--slo-ttft", type=float, default=2.0)
+    ap.add_argument(
+        "--engine", choices=("sim", "vllm"), default="sim", help="a pod runs the replica model, or a real vLLM engine"
+    )
+    ap.add_argument("--engine-cpus", type=float, default=0.5, help="vllm: each engine's CPU quota once ready")
+    ap.add_argument("--engine-max-num-seqs", type=int, default=16)
+    ap.add_argument("--engine-layers", type=int, default=4)
+    ap.add_argument("--prompt-tokens", type=int, default=200, help="vllm: the load's prompt length")
+    ap.add_argument("--output-tokens", type=int, default=50, help="vllm: the load's output length")
+    ap.add_argument("--log-dir", type=Path, default=Path("."), help="vllm: where each engine's log goes")
     args = ap.parse_args(argv)
-    standin = PodStandIn(Api.from_kubeconfig(args.kubeconfig), args.pod_cidr, args.profile, args.mix,
-                         args.ready_after, args.slo_ttft)  # fmt: skip
+    api = Api.from_kubeconfig(args.kubeconfig)
+    standin: PodStandIn
+    if args.engine == "vllm":
+        from keda_llm_scaler.controlplane.enginepods import EnginePodStandIn
+        from keda_llm_scaler.enginelab.build import engine_env
+        from keda_llm_scaler.enginelab.run import EngineSpec
+
+        spec = EngineSpec(cpus=args.engine_cpus, max_num_seqs=args.engine_max_num_seqs, layers=args.engine_layers)
+        args.log_dir.mkdir(parents=True, exist_ok=True)
+        standin = EnginePodStandIn(api, args.pod_cidr, engine_env(), spec, args.log_dir, args.slo_ttft,
+                                   args.prompt_tokens, args.output_tokens)  # fmt: skip
+    else:
+        standin = PodStandIn(api, args.pod_cidr, args.profile, args.mix, args.ready_after, args.slo_ttft)
     standin.register_node()
     host, _, port = args.control.rpartition(":")
     server = standin.serve_control(host, int(port))
     threading.Thread(target=standin.watch_pods, daemon=True, name="pod-watch").start()
+    # SIGTERM (the control plane stopping) unwinds like ^C, so the engines are stopped by their pids
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         standin.run_engines()
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         standin.stopping.set()
+        standin.stop_all()
         server.shutdown()
     return 0
 

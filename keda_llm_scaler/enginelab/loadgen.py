@@ -28,7 +28,7 @@ import aiohttp
 
 from keda_llm_scaler.sim.run import percentile  # the replay's quantile: the two are compared
 
-__all__ = ["Arrival", "LoadResult", "RequestRecord", "rescale", "run_load", "summarize"]
+__all__ = ["Arrival", "LoadResult", "RequestRecord", "Router", "rescale", "run_load", "stream_one", "summarize"]
 
 PROMPT_ID_RANGE = (100, 1000)  # token ids every tokenizer of a real model has: no special ones
 TIMELINE_S = 10.0
@@ -53,6 +53,12 @@ class RequestRecord:
     e2e_s: float | None = None
     tokens: int = 0
     error: str | None = None
+    finish_reason: str | None = None  # the engine's: "length" for a whole answer (ignore_eos), "abort" cut
+
+    @property
+    def complete(self) -> bool:
+        """The whole answer came: every token asked for, ended by the engine, not cut or refused."""
+        return self.error is None and self.finish_reason in ("length", "stop")
 
 
 @dataclass
@@ -101,20 +107,27 @@ def rescale(
     return out
 
 
-class _Router:
-    """Least in flight from this client, ties in URL order: what a gateway's least-request routing does."""
+class Router:
+    """Least in flight from this client, ties in URL order: what a gateway's least-request routing does.
+    ``route(urls)`` changes where new requests go (a pod removed keeps its requests in flight)."""
 
     def __init__(self, urls: Sequence[str]) -> None:
+        self.urls: list[str] = []
+        self.in_flight: dict[str, int] = {}
+        self.route(urls)
+
+    def route(self, urls: Sequence[str]) -> None:
         self.urls = list(urls)
-        self.in_flight = dict.fromkeys(self.urls, 0)
+        for u in self.urls:
+            self.in_flight.setdefault(u, 0)
 
     def pick(self) -> str:
         return min(self.urls, key=lambda u: self.in_flight[u])
 
 
-async def _one(
+async def stream_one(
     session: aiohttp.ClientSession,
-    router: _Router,
+    router: Router,
     model: str,
     a: Arrival,
     start: float,
@@ -154,6 +167,7 @@ async def _one(
                 # that ends inside a UTF-8 character): the usage chunk at the end has no choices
                 if not chunk.get("choices"):
                     continue
+                rec.finish_reason = chunk["choices"][0].get("finish_reason") or rec.finish_reason
                 now = time.monotonic()
                 if last is None:
                     rec.ttft_s = now - sent
@@ -181,7 +195,7 @@ async def run_load(
     progress: Callable[[float, int, int, int], None] | None = None,
 ) -> LoadResult:
     """Send every arrival at its time (open loop) and wait for all answers."""
-    router = _Router(urls)
+    router = Router(urls)
     rng = random.Random(seed)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     tasks: list[asyncio.Task[RequestRecord]] = []
@@ -194,7 +208,7 @@ async def run_load(
             if delay > 0:
                 await asyncio.sleep(delay)
             lag = max(lag, time.monotonic() - start - a.t)
-            tasks.append(asyncio.create_task(_one(session, router, model, a, start, rng, timeout_s)))
+            tasks.append(asyncio.create_task(stream_one(session, router, model, a, start, rng, timeout_s)))
             if progress is not None and time.monotonic() >= next_report:
                 next_report += TIMELINE_S
                 done = sum(1 for t in tasks if t.done())

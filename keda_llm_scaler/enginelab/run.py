@@ -24,7 +24,7 @@ from pathlib import Path
 from keda_llm_scaler.enginelab.build import MODEL_NAME, EngineEnv, ensure_model
 from keda_llm_scaler.enginelab.cgroups import CpuQuota
 
-__all__ = ["Engine", "EngineSpec", "free_port", "start_engines", "stop_engines"]
+__all__ = ["Engine", "EngineSpec", "free_port", "is_ready", "launch_engine", "start_engines", "stop_engines"]
 
 READY_TIMEOUT_S = 900.0  # several engines compiling at once on 2 cores
 
@@ -100,23 +100,35 @@ def _argv(env: EngineEnv, spec: EngineSpec, port: int) -> list[str]:
     ]
 
 
+def launch_engine(
+    env: EngineEnv, spec: EngineSpec, index: int, group_name: str, log: Path, port: int | None = None
+) -> Engine:
+    """Start one engine at ``spec.host`` (port: free unless given) in a new cgroup, unthrottled until
+    ``hold_to_quota``; it returns at once (``is_ready`` says when it serves)."""
+    port = free_port(spec.host) if port is None else port
+    group = CpuQuota(group_name)
+    group.limit(None)
+    # the shell joins the cgroup, then becomes the engine: every process it forks is in it too
+    argv = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group.procs_file), *_argv(env, spec, port)]
+    try:
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=engine_environment(spec), start_new_session=True
+            )
+    except BaseException:
+        group.remove(grace_s=1.0)
+        raise
+    engine = Engine(index, f"http://{spec.host}:{port}", proc, group, log, time.monotonic())
+    _say(f"engine {index}: pid {proc.pid}, {engine.url}, cgroup {group.path}, log {log}")
+    return engine
+
+
 def start_engines(env: EngineEnv, n: int, spec: EngineSpec, log_dir: Path, tag: str) -> list[Engine]:
     """Start ``n`` engines and wait until each answers /health and lists its model; then apply the quota."""
     engines: list[Engine] = []
     try:
         for i in range(n):
-            port = free_port(spec.host)
-            group = CpuQuota(f"kls-engine-{tag}-{i}")
-            group.limit(None)
-            log = log_dir / f"engine-{i}.log"
-            # the shell joins the cgroup, then becomes the engine: every process it forks is in it too
-            argv = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group.procs_file), *_argv(env, spec, port)]
-            with log.open("wb") as out:
-                proc = subprocess.Popen(
-                    argv, stdout=out, stderr=subprocess.STDOUT, env=engine_environment(spec), start_new_session=True
-                )
-            engines.append(Engine(i, f"http://{spec.host}:{port}", proc, group, log, time.monotonic()))
-            _say(f"engine {i}: pid {proc.pid}, {engines[-1].url}, cgroup {group.path}, log {log}")
+            engines.append(launch_engine(env, spec, i, f"kls-engine-{tag}-{i}", log_dir / f"engine-{i}.log"))
         _wait_ready(engines)
         for e in engines:
             e.cgroup.limit(spec.cpus)
@@ -133,11 +145,7 @@ def _wait_ready(engines: list[Engine]) -> None:
         for e in engines:
             if e.ready_s is not None:
                 continue
-            if e.proc.poll() is not None:
-                tail = e.log.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"engine {e.index} exited with {e.proc.returncode} before ready:\n{tail}")
-            if _answers(e.url + "/v1/models"):
-                e.ready_s = time.monotonic() - e.started
+            if is_ready(e):
                 _say(f"engine {e.index} ready in {e.ready_s:.0f} s")
         if time.monotonic() > deadline:
             raise RuntimeError(f"engines not ready within {READY_TIMEOUT_S:.0f} s")
@@ -146,6 +154,19 @@ def _wait_ready(engines: list[Engine]) -> None:
             _say(f"waiting for engines {waiting} ({time.monotonic() - engines[0].started:.0f} s)")
             next_report += 15.0
         time.sleep(1.0)
+
+
+def is_ready(e: Engine) -> bool:
+    """True once the engine lists its model (and sets ``ready_s``); raises if it exited before that."""
+    if e.ready_s is not None:
+        return True
+    if e.proc.poll() is not None:
+        tail = e.log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"engine {e.index} exited with {e.proc.returncode} before ready:\n{tail}")
+    if _answers(e.url + "/v1/models"):
+        e.ready_s = time.monotonic() - e.started
+        return True
+    return False
 
 
 def _answers(url: str) -> bool:

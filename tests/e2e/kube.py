@@ -87,7 +87,10 @@ class Fleet:
         eventually(lambda: api.get("v1", "ServiceAccount", ns, "default"), 30, f"default ServiceAccount in {ns}")
         return cls(api, ns, **kw)
 
-    def create(self, grace_s: int = 30, ready_after_s: float | None = None) -> None:
+    def create(
+        self, grace_s: int = 30, ready_after_s: float | None = None, container: dict[str, Any] | None = None
+    ) -> None:
+        """``container``: more of the container's spec (args, lifecycle), as a real Deployment gives them."""
         annotations = {} if ready_after_s is None else {"e2e.keda-llm-scaler/ready-after": str(ready_after_s)}
         self.api.apply({
             "apiVersion": "apps/v1", "kind": "Deployment",
@@ -101,7 +104,7 @@ class Fleet:
                         "terminationGracePeriodSeconds": grace_s,
                         "automountServiceAccountToken": False,
                         "containers": [{"name": "vllm", "image": "vllm/vllm-openai:sim",
-                                        "ports": [{"name": "http", "containerPort": 8000}]}],
+                                        "ports": [{"name": "http", "containerPort": 8000}], **(container or {})}],
                     },
                 },
             },
