@@ -322,6 +322,10 @@ def _main(argv: list[str]) -> int:
         if (missing := _plots_missing(args)) is not None:
             print(f"keda-llm-scaler {args.command}: {missing}", file=sys.stderr)
             return 2
+        if args.command == "demo" and args.engine == "vllm":
+            from keda_llm_scaler.enginelab.demo import engine_demo_main
+
+            return engine_demo_main(args)
         if args.command == "demo":
             from keda_llm_scaler.sim.demo import demo_main
 

@@ -52,7 +52,12 @@ async def channel(scaler: ScalerServer) -> AsyncIterator[grpc.aio.Channel]:
 
 # The end-to-end tests need the real control plane: they run inside `scripts/controlplane run`, which
 # sets KLS_PODS (README, "Tests"); anywhere else their directory is not collected.
-collect_ignore_glob = [] if os.environ.get("KLS_PODS") else ["e2e/*"]
+# With real engines in the pods (`scripts/controlplane run --pods vllm`, KLS_PODS_ENGINE=vllm) only
+# tests/engine_e2e runs there: the other e2e tests drive simulated replicas.
+_PODS_ENGINE = os.environ.get("KLS_PODS_ENGINE", "sim") if os.environ.get("KLS_PODS") else None
+collect_ignore_glob = [] if _PODS_ENGINE == "sim" else ["e2e/*"]
+if _PODS_ENGINE != "vllm":
+    collect_ignore_glob.append("engine_e2e/*")
 # The real-engine tests need real vLLM engines: they run inside `scripts/engine run`, which sets
 # KLS_ENGINE_URLS (`scripts/engine test`); anywhere else their directory is not collected.
 if not os.environ.get("KLS_ENGINE_URLS"):

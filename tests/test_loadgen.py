@@ -28,10 +28,14 @@ TOKEN_GAP_S = 0.01
 
 
 @contextmanager
-def openai_server(status: int = 200, first_token_s: float = FIRST_TOKEN_S) -> Iterator[tuple[str, list[dict]]]:
+def openai_server(
+    status: int = 200, first_token_s: float = FIRST_TOKEN_S, ending: str = "length"
+) -> Iterator[tuple[str, list[dict]]]:
     """A streaming /v1/completions on loopback: the first token after ``first_token_s``, then one per
     TOKEN_GAP_S, ``max_tokens`` of them (some with empty text, as a byte-level token inside a UTF-8
-    character streams), then a usage chunk with no choices and [DONE]. Records each request body."""
+    character streams), the last with vLLM's ``finish_reason``, then a usage chunk with no choices and
+    [DONE]. ``ending``: "length" (a whole answer), "abort" (vLLM shutting down without a drain: half the
+    tokens, then finish_reason abort), "drop" (the connection closes after half). Records each body."""
     bodies: list[dict] = []
     loop = asyncio.new_event_loop()
     ready = threading.Event()
@@ -48,11 +52,17 @@ def openai_server(status: int = 200, first_token_s: float = FIRST_TOKEN_S) -> It
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         await asyncio.sleep(first_token_s)
-        for i in range(body["max_tokens"]):
+        n = body["max_tokens"] if ending == "length" else max(1, body["max_tokens"] // 2)
+        for i in range(n):
             if i:
                 await asyncio.sleep(TOKEN_GAP_S)
+            if ending == "drop" and i == n - 1:
+                request.transport.close()  # type: ignore[union-attr]
+                return resp
             text = "" if i % 3 == 2 else f"t{i}"
-            await resp.write(f"data: {json.dumps({'choices': [{'index': 0, 'text': text}]})}\n\n".encode())
+            finish = (ending if ending != "drop" else None) if i == n - 1 else None
+            chunk = {"choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await resp.write(b'data: {"choices": [], "usage": {"completion_tokens": 1}}\n\n')
         await resp.write(b"data: [DONE]\n\n")
         return resp
@@ -103,7 +113,9 @@ def test_streaming_ttft_and_inter_token_gaps_are_measured_per_request() -> None:
     for r in result.records:
         assert r.error is None and r.tokens == 6  # empty-text chunks are tokens too; the usage chunk is not
         assert r.ttft_s is not None and r.ttft_s >= FIRST_TOKEN_S
-        assert len(r.itl_s) == 5 and min(r.itl_s) >= TOKEN_GAP_S * 0.9
+        # one gap per token after the first; a single gap can read short when the one before it was read
+        # late (the client's scheduling), their sum cannot
+        assert len(r.itl_s) == 5 and min(r.itl_s) > 0 and sum(r.itl_s) >= 5 * TOKEN_GAP_S * 0.9
         assert r.e2e_s is not None and r.e2e_s >= r.ttft_s + sum(r.itl_s) * 0.99
     s = summarize(result, slo_ttft_s=60.0)
     assert s["completed"] == 10 and s["slo_attainment"] == 1.0 and s["output_tokens"] == 60
@@ -151,3 +163,14 @@ def test_the_cli_says_what_is_wrong() -> None:
     assert down.returncode == 3 and "cannot list models" in down.stderr
     missing = _cli("--url", "http://127.0.0.1:9", "--trace", "/nonexistent.csv")
     assert missing.returncode == 2 and "nonexistent.csv" in missing.stderr
+
+
+@pytest.mark.parametrize(("ending", "complete"), [("length", True), ("abort", False), ("drop", False)])
+def test_a_stream_is_complete_only_when_the_engine_finished_it(ending: str, complete: bool) -> None:
+    # the drain tests count a stream cut when an engine stopped: aborted or dropped is not an answer
+    with openai_server(ending=ending) as (url, _):
+        result = asyncio.run(run_load([url], [Arrival(0.0, 8, 10)], "fake-model", timeout_s=10))
+    (rec,) = result.records
+    assert rec.complete is complete, rec
+    assert rec.finish_reason == {"length": "length", "abort": "abort", "drop": None}[ending]
+    assert (rec.error is None) is (ending != "drop")

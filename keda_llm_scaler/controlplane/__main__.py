@@ -8,7 +8,9 @@ kube-controller-manager, KEDA's operator and metrics adapter, the pod stand-in a
 - ``KUBECONFIG``: the admin kubeconfig (client certificate, system:masters);
 - ``KLS_SCALER_ADDRESS``: the scaler's gRPC address (host:port), for a ScaledObject's ``scalerAddress``;
 - ``KLS_SCALER_METRICS``: the scaler's own /metrics URL;
-- ``KLS_PODS``: the pod stand-in's control API (``/status``, ``/load``, ``/fail``);
+- ``KLS_PODS``: the pod stand-in's control API (``/status``, ``/load``, ``/fail``; ``/records`` with real
+  engines);
+- ``KLS_PODS_ENGINE``: what the pods run, ``sim`` or ``vllm`` (``--pods``);
 - ``KLS_CONTROLPLANE``: faults on request (``POST /restart-apiserver``, ``POST /compact-etcd``);
 - ``KLS_CONTROLPLANE_DIR``: the run's directory (``pki/``, ``logs/``, kubeconfigs);
 - ``KLS_AUDIT_LOG``: the API server's audit log (JSON lines): every request on EndpointSlices and pods;
@@ -177,7 +179,7 @@ def _run_inside(args: argparse.Namespace) -> int:
         cp.start()
         pods = cp._spawn(
             "pod-standin",
-            [sys.executable, "-m", "keda_llm_scaler.controlplane.pods", "--kubeconfig", str(cp.kubeconfig),
+            [sys.executable, "-m", "keda_llm_scaler.controlplane.standin", "--kubeconfig", str(cp.kubeconfig),
              "--control", f"127.0.0.1:{PODS_CONTROL}", "--pod-cidr", POD_CIDR, "--profile", args.profile,
              "--mix", args.mix, "--ready-after", str(args.ready_after), "--engine", args.pods,
              "--engine-cpus", str(args.engine_cpus), "--engine-max-num-seqs", str(args.engine_max_num_seqs),
@@ -189,6 +191,7 @@ def _run_inside(args: argparse.Namespace) -> int:
             "KUBECONFIG": str(cp.kubeconfig),
             "KLS_CONTROLPLANE": f"http://127.0.0.1:{PLANE_CONTROL}",
             "KLS_PODS": f"http://127.0.0.1:{PODS_CONTROL}",
+            "KLS_PODS_ENGINE": args.pods,
             "KLS_CONTROLPLANE_DIR": str(workdir),
             "KLS_AUDIT_LOG": str(cp.audit_log),
             "KLS_HPA_SYNC_PERIOD": f"{args.hpa_sync_period:g}",

@@ -87,6 +87,7 @@ class EnginePod:
     ready: bool = False
     reported_ready: bool = False
     deleting_since: float | None = None
+    deleting_wall: float | None = None  # the same moment on the wall clock, which the records use
     stopping: bool = False
     failed: str | None = None
 
@@ -113,7 +114,8 @@ class EnginePodStandIn(PodStandIn):
         self.env, self.spec, self.log_dir = env, spec, log_dir
         self.prompt_tokens, self.output_tokens = prompt_tokens, output_tokens
         self.epods: dict[str, EnginePod] = {}  # by uid
-        self.records: list[tuple[float, str, RequestRecord]] = []  # (wall time sent, pod, record)
+        # (wall time sent, wall time it ended, pod, record)
+        self.records: list[tuple[float, float, str, RequestRecord]] = []
         self.unrouted = 0
         self.routers: dict[tuple[str, str], Router] = {}
         self.url_pod: dict[str, str] = {}
@@ -121,6 +123,7 @@ class EnginePodStandIn(PodStandIn):
         self.started_engines = 0
         self._arrival_tasks: set[tuple[str, str]] = set()
         self._in_flight: set[asyncio.Future[None]] = set()
+        self.tokens: dict[tuple[str, str], tuple[int, int]] = {}  # per app: (prompt, output)
 
     # -- pods ---------------------------------------------------------------------------------------
     def reconcile(self, pod: dict[str, Any]) -> None:
@@ -139,7 +142,7 @@ class EnginePodStandIn(PodStandIn):
                 self._delete_now(meta)
             elif local.deleting_since is None:
                 with self.lock:
-                    local.deleting_since = time.monotonic()
+                    local.deleting_since, local.deleting_wall = time.monotonic(), time.time()
                     local.grace_s = float(meta.get("deletionGracePeriodSeconds", 30))
                 self._route(local.namespace, local.app)
                 threading.Thread(target=self._terminate, args=(local,), daemon=True, name=f"stop-{local.name}").start()
@@ -212,7 +215,8 @@ class EnginePodStandIn(PodStandIn):
             local = self.epods.get(uid)
         if local is not None and not local.stopping:
             local.stopping = True
-            local.deleting_since = local.deleting_since or time.monotonic()
+            if local.deleting_since is None:
+                local.deleting_since, local.deleting_wall = time.monotonic(), time.time()
             self._route(local.namespace, local.app)
             stop_engines([local.engine], grace_s=1.0)
             self._settle(local.engine.url)
@@ -222,7 +226,9 @@ class EnginePodStandIn(PodStandIn):
         with self.lock:
             if self.epods.pop(local.uid, None) is None:
                 return
-            cut = sum(1 for _, pod, r in self.records if pod == local.name and not r.complete)
+            # a stream still open when the deletion began, which the engine did not finish
+            since = local.deleting_wall if local.deleting_wall is not None else time.time()
+            cut = sum(1 for _, end, pod, r in self.records if pod == local.name and end >= since and not r.complete)
             drained = cut == 0
             self.stats.streams_cut += cut
             self.stats.drained += int(drained)
@@ -264,11 +270,22 @@ class EnginePodStandIn(PodStandIn):
     # -- the load -----------------------------------------------------------------------------------
     def _route(self, namespace: str, app: str) -> None:
         with self.lock:
+            only = self.only_pods.get((namespace, app))
             urls = sorted(
-                p.engine.url for p in self.epods.values() if p.namespace == namespace and p.app == app and p.serving
+                p.engine.url
+                for p in self.epods.values()
+                if p.namespace == namespace and p.app == app and p.serving and (only is None or p.name in only)
             )
             router = self.routers.setdefault((namespace, app), Router([]))
             router.route(urls)
+
+    def set_tokens(self, namespace: str, app: str, prompt: int | None, output: int | None) -> None:
+        old = self.tokens.get((namespace, app), (self.prompt_tokens, self.output_tokens))
+        new = (int(prompt) if prompt is not None else old[0], int(output) if output is not None else old[1])
+        if min(new) < 1:
+            raise ValueError("prompt_tokens and output_tokens must be >= 1")
+        with self.lock:
+            self.tokens[(namespace, app)] = new
 
     def set_load(self, namespace: str, app: str, rps: float, only: list[str] | None = None) -> None:
         super().set_load(namespace, app, rps, only)
@@ -296,7 +313,8 @@ class EnginePodStandIn(PodStandIn):
                     if not router.urls:
                         self.unrouted += 1  # nobody to send it to: counted as sent, never served
                         continue
-                a = Arrival(time.monotonic() - start, self.prompt_tokens, self.output_tokens)
+                    prompt, output = self.tokens.get(key, (self.prompt_tokens, self.output_tokens))
+                a = Arrival(time.monotonic() - start, prompt, output)
                 task = asyncio.ensure_future(self._send(session, router, a, start, rng))
                 self._in_flight.add(task)  # held until done: the loop keeps only weak references
                 task.add_done_callback(self._in_flight.discard)
@@ -308,7 +326,7 @@ class EnginePodStandIn(PodStandIn):
         rec = await stream_one(session, router, MODEL_NAME, a, start, rng, REQUEST_TIMEOUT_S)
         with self.lock:
             pod = self.url_pod.get(rec.url, rec.url)
-            self.records.append((sent, pod, rec))
+            self.records.append((sent, time.time(), pod, rec))
             if rec.complete:
                 self.stats.finished += 1
                 self.stats.within_slo += rec.ttft_s is not None and rec.ttft_s <= self.slo_ttft_s
@@ -342,7 +360,8 @@ class EnginePodStandIn(PodStandIn):
     def record_rows(self) -> list[dict[str, Any]] | None:
         with self.lock:
             return [
-                {"sent": t, "pod": pod, "ttft_s": r.ttft_s, "tokens": r.tokens, "output_tokens": r.output_tokens,
-                 "finish_reason": r.finish_reason, "error": r.error, "complete": r.complete, "e2e_s": r.e2e_s}
-                for t, pod, r in self.records
+                {"sent": t, "ended": end, "pod": pod, "ttft_s": r.ttft_s, "tokens": r.tokens,
+                 "output_tokens": r.output_tokens, "finish_reason": r.finish_reason, "error": r.error,
+                 "complete": r.complete, "e2e_s": r.e2e_s}
+                for t, end, pod, r in self.records
             ]  # fmt: skip

@@ -12,25 +12,23 @@ Its control API (HTTP on 127.0.0.1, JSON):
 - ``GET /status``: pods (name, namespace, app, ip, ready, running, waiting, kv, deleting), streams cut,
   requests sent and finished, TTFT attainment;
 - ``POST /load`` ``{"namespace", "app", "rps", "pods"?}``: the offered rate of one app, sent only to the
-  named pods when ``pods`` is given (a fleet whose load is uneven);
+  named pods when ``pods`` is given (a fleet whose load is uneven); with real engines also
+  ``"prompt_tokens"?, "output_tokens"?`` (the app's requests from then on);
 - ``POST /fail`` ``{"namespace", "app", "status"}``: every pod of the app answers its scrapes with that
   HTTP status (``null``: back to normal).
 """
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import math
 import random
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
@@ -41,7 +39,7 @@ from keda_llm_scaler.sim.mixes import MIXES, LognormalMix
 from keda_llm_scaler.sim.profiles import get_profile
 from keda_llm_scaler.sim.replica import Request, SimReplica
 
-__all__ = ["PodStandIn", "main"]
+__all__ = ["PodStandIn", "ReportedPod", "Stats"]
 
 NODE = "standin-0"
 TICK_S = 0.05
@@ -342,6 +340,10 @@ class PodStandIn:
                 "errors": list(self.errors),
             }
 
+    def set_tokens(self, namespace: str, app: str, prompt: int | None, output: int | None) -> None:
+        """Real engines' load only: the simulated load draws its tokens from ``--mix``."""
+        raise ValueError("prompt_tokens and output_tokens are set with real engines (--engine vllm)")
+
     def stop_all(self) -> None:
         """Stop what the pods run (nothing to stop for simulated replicas)."""
 
@@ -386,6 +388,9 @@ class PodStandIn:
                 try:
                     body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
                     if self.path == "/load":
+                        if body.get("prompt_tokens") is not None or body.get("output_tokens") is not None:
+                            standin.set_tokens(body["namespace"], body["app"], body.get("prompt_tokens"),
+                                               body.get("output_tokens"))  # fmt: skip
                         standin.set_load(body["namespace"], body["app"], float(body["rps"]), body.get("pods"))
                     elif self.path == "/fail":
                         status = body.get("status")
@@ -417,63 +422,3 @@ def _poisson(rng: random.Random, mean: float) -> int:
         if p <= limit:
             return k
         k += 1
-
-
-def _interrupt(_signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m keda_llm_scaler.controlplane.pods", description=__doc__.split("\n\n")[0]
-    )
-    ap.add_argument("--kubeconfig", type=Path, required=True)
-    ap.add_argument("--control", default="127.0.0.1:7070", help="host:port of the control API")
-    ap.add_argument("--pod-cidr", default="10.244.0.0/24")
-    ap.add_argument("--profile", default="8b-h100")
-    ap.add_argument("--mix", default="decode-heavy", help="a lognormal token mix of sim.mixes")
-    ap.add_argument("--ready-after", type=float, default=3.0, help="seconds from start to Ready (model loading)")
-    ap.add_argument("--slo-ttft", type=float, default=2.0)
-    ap.add_argument(
-        "--engine", choices=("sim", "vllm"), default="sim", help="a pod runs the replica model, or a real vLLM engine"
-    )
-    ap.add_argument("--engine-cpus", type=float, default=0.5, help="vllm: each engine's CPU quota once ready")
-    ap.add_argument("--engine-max-num-seqs", type=int, default=16)
-    ap.add_argument("--engine-layers", type=int, default=4)
-    ap.add_argument("--prompt-tokens", type=int, default=200, help="vllm: the load's prompt length")
-    ap.add_argument("--output-tokens", type=int, default=50, help="vllm: the load's output length")
-    ap.add_argument("--log-dir", type=Path, default=Path("."), help="vllm: where each engine's log goes")
-    args = ap.parse_args(argv)
-    api = Api.from_kubeconfig(args.kubeconfig)
-    standin: PodStandIn
-    if args.engine == "vllm":
-        from keda_llm_scaler.controlplane.enginepods import EnginePodStandIn
-        from keda_llm_scaler.enginelab.build import engine_env
-        from keda_llm_scaler.enginelab.run import EngineSpec
-
-        spec = EngineSpec(cpus=args.engine_cpus, max_num_seqs=args.engine_max_num_seqs, layers=args.engine_layers)
-        args.log_dir.mkdir(parents=True, exist_ok=True)
-        standin = EnginePodStandIn(api, args.pod_cidr, engine_env(), spec, args.log_dir, args.slo_ttft,
-                                   args.prompt_tokens, args.output_tokens)  # fmt: skip
-    else:
-        standin = PodStandIn(api, args.pod_cidr, args.profile, args.mix, args.ready_after, args.slo_ttft)
-    standin.register_node()
-    host, _, port = args.control.rpartition(":")
-    server = standin.serve_control(host, int(port))
-    threading.Thread(target=standin.watch_pods, daemon=True, name="pod-watch").start()
-    # SIGTERM (the control plane stopping) unwinds like ^C, so the engines are stopped by their pids
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        standin.run_engines()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        standin.stopping.set()
-        standin.stop_all()
-        server.shutdown()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -64,8 +64,18 @@ TRACE_OFFSET_S = 600.0
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--engine",
+        choices=("sim", "vllm"),
+        default="sim",
+        help="what serves: simulated replicas (default), or real vLLM engines from scripts/engine build, in "
+        "real time (root, for a CPU quota per engine)",
+    )
+    p.add_argument("--cpus", type=float, default=0.5, help="--engine vllm: each engine's CPU quota (default 0.5)")
     p.add_argument("--speed", type=float, default=12.0, help="simulated seconds per real second (default 12)")
-    p.add_argument("--minutes", type=float, default=12.0, help="simulated minutes to replay (default 12)")
+    p.add_argument(
+        "--minutes", type=float, default=None, help="minutes to replay (default 12 simulated; 8 real with vllm)"
+    )
     p.add_argument("--profile", default="8b-h100", choices=list(PROFILES), help="default 8b-h100")
     p.add_argument(
         "--target-utilization", default=None, help="the trigger's targetUtilization (default: the scaler's own, 0.9)"
@@ -73,7 +83,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target-kv-usage", default=None, help="the trigger's targetKvUsage (default: the scaler's own, 0.85)"
     )
-    p.add_argument("--max-replicas", type=int, default=8)
+    p.add_argument("--max-replicas", type=int, default=None, help="default 8 (3 with vllm: ~4.4 GB each)")
     p.add_argument("--slo-ttft", type=float, default=2.0)
     p.add_argument("--out-dir", type=Path, default=Path("demo-output"), help="summary.json and demo.png go here")
     p.add_argument("--no-live", action="store_true", help="one line per HPA sync instead of the live view")
@@ -367,6 +377,8 @@ def _index(sorted_values: list[float], x: float) -> int:
 
 
 def demo_main(args: argparse.Namespace) -> int:
+    args.minutes = 12.0 if args.minutes is None else args.minutes
+    args.max_replicas = 8 if args.max_replicas is None else args.max_replicas
     if args.speed <= 0 or args.minutes <= 0 or not math.isfinite(args.speed):
         print("keda-llm-scaler demo: --speed and --minutes must be > 0", file=sys.stderr)
         return 2

@@ -52,8 +52,13 @@ class Pods:
     def of(self, namespace: str, app: str) -> list[dict[str, Any]]:
         return [p for p in self.status()["pods"] if p["namespace"] == namespace and p["app"] == app]
 
-    def load(self, namespace: str, app: str, rps: float, only: list[str] | None = None) -> None:
-        body = {"namespace": namespace, "app": app, "rps": rps, "pods": only}
+    def load(
+        self, namespace: str, app: str, rps: float, only: list[str] | None = None, output_tokens: int | None = None
+    ) -> None:
+        """``output_tokens``: the answers' length from then on (real engines only)."""
+        body: dict[str, Any] = {"namespace": namespace, "app": app, "rps": rps, "pods": only}
+        if output_tokens is not None:
+            body["output_tokens"] = output_tokens
         httpx.post(f"{self.url}/load", json=body, timeout=10).raise_for_status()
 
     def fail(self, namespace: str, app: str, status: int | None) -> None:
