@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from keda_llm_scaler.enginelab.cgroups import CgroupUnavailable, CpuQuota
+from keda_llm_scaler.enginelab.cgroups import CgroupUnavailable, CpuQuota, remove_groups
 
 try:
     CpuQuota(f"kls-probe-{os.getpid()}").remove()
@@ -83,3 +83,25 @@ def _state(pid: int) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return ""
+
+
+def test_groups_left_by_a_killed_owner_are_found_by_prefix_and_removed() -> None:
+    # a stand-in killed past its stop grace leaves its engines' groups: the control plane removes them by
+    # the prefix its pid gives, and no other group
+    prefix = f"kls-test-left-{os.getpid()}-"
+    left = [CpuQuota(f"{prefix}{i}") for i in range(2)]
+    other = CpuQuota(f"kls-test-keep-{os.getpid()}")
+    proc = subprocess.Popen(["sh", "-c", 'echo $$ > "$0" && exec sleep 300', str(left[0].procs_file)])
+    try:
+        deadline = time.monotonic() + 10
+        while not left[0].members() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert left[0].members() == [proc.pid]
+        assert sorted(remove_groups(prefix, grace_s=0.5)) == sorted(g.path for g in left)
+        proc.wait(timeout=10)
+        assert not any(g.path.exists() for g in left) and other.path.exists()
+        assert remove_groups(prefix) == []
+    finally:
+        proc.kill()
+        proc.wait()
+        other.remove()

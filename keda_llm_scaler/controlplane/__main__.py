@@ -134,6 +134,15 @@ def _network() -> None:
     subprocess.run(["ip", "addr", "add", f"{NODE_IP}/24", "dev", "lo"], check=True)
 
 
+def _remove_engine_groups(standin_pid: int) -> None:
+    """The pods' engine cgroups the stand-in could not remove itself (stopped past its grace)."""
+    from keda_llm_scaler.controlplane.enginepods import cgroup_prefix
+    from keda_llm_scaler.enginelab.cgroups import remove_groups
+
+    for path in remove_groups(cgroup_prefix(standin_pid)):
+        _say(f"removed the leftover cgroup {path}")
+
+
 def _engine_built() -> bool:
     from keda_llm_scaler.enginelab.build import engine_env
 
@@ -163,6 +172,7 @@ def _run_inside(args: argparse.Namespace) -> int:
     cp = ControlPlane(workdir, bins, hpa_sync_period_s=args.hpa_sync_period)
     code = 1
     cmd_proc: subprocess.Popen[bytes] | None = None
+    pods: subprocess.Popen[bytes] | None = None
 
     def forward(signum: int, _frame: object) -> None:
         if cmd_proc is not None and cmd_proc.poll() is None:
@@ -229,8 +239,11 @@ def _run_inside(args: argparse.Namespace) -> int:
         if cmd_proc is not None and cmd_proc.poll() is None:
             cmd_proc.kill()
             cmd_proc.wait()
+        standin_pid = pods.pid if pods is not None else None
         cp.stop()
         _stop_leftovers()
+        if args.pods == "vllm" and standin_pid is not None:
+            _remove_engine_groups(standin_pid)
         cp.cleanup()
         if args.workdir is None and not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

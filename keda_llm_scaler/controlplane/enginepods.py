@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import threading
 import time
@@ -38,10 +39,15 @@ from keda_llm_scaler.enginelab.build import MODEL_NAME, EngineEnv
 from keda_llm_scaler.enginelab.loadgen import Arrival, RequestRecord, Router, stream_one
 from keda_llm_scaler.enginelab.run import Engine, EngineSpec, is_ready, launch_engine, stop_engines
 
-__all__ = ["EnginePodStandIn", "prestop_seconds", "shutdown_args"]
+__all__ = ["EnginePodStandIn", "cgroup_prefix", "prestop_seconds", "shutdown_args"]
 
 READY_POLL_S = 1.0
 REQUEST_TIMEOUT_S = 600.0
+
+
+def cgroup_prefix(standin_pid: int) -> str:
+    """The cgroups of one stand-in's engines: ``scripts/controlplane run`` removes what is left of them."""
+    return f"kls-pod-{standin_pid}-"
 
 
 def prestop_seconds(container: dict[str, Any]) -> float:
@@ -173,7 +179,9 @@ class EnginePodStandIn(PodStandIn):
         )
         try:
             log = self.log_dir / f"{meta['name']}.log"
-            engine = launch_engine(self.env, spec, index, f"kls-pod-{meta['uid'][:13]}", log, port)
+            # named by this process: whoever stops it removes what it could not (cgroups.remove_groups)
+            group = f"{cgroup_prefix(os.getpid())}{meta['uid'][:13]}"
+            engine = launch_engine(self.env, spec, index, group, log, port)
         except (OSError, RuntimeError) as exc:
             self._error(f"engine for {meta['name']}: {exc}")
             with self.lock:
@@ -264,7 +272,7 @@ class EnginePodStandIn(PodStandIn):
     def stop_all(self) -> None:
         with self.lock:
             engines = [p.engine for p in self.epods.values()]
-        stop_engines(engines, grace_s=10.0)
+        stop_engines(engines, grace_s=4.0)  # within the control plane's stop grace (10 s)
         self.loop.call_soon_threadsafe(self.loop.stop)
 
     # -- the load -----------------------------------------------------------------------------------

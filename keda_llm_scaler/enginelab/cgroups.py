@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CPU_PERIOD_US", "CgroupUnavailable", "CpuQuota", "cpu_controller"]
+__all__ = ["CPU_PERIOD_US", "CgroupUnavailable", "CpuQuota", "cpu_controller", "remove_groups"]
 
 CPU_PERIOD_US = 100_000  # the kernel's default CFS period
 _ROOT = Path("/sys/fs/cgroup")
@@ -74,6 +74,13 @@ class CpuQuota:
             self.path.mkdir()
         except OSError as exc:
             raise CgroupUnavailable(f"cannot make the cgroup {self.path}: {exc}") from exc
+
+    @classmethod
+    def existing(cls, path: Path) -> CpuQuota:
+        """A group made earlier (by another process), to stop its members and remove it."""
+        group = cls.__new__(cls)
+        group.layout, group.path = cpu_controller(), path
+        return group
 
     @property
     def procs_file(self) -> Path:
@@ -134,3 +141,18 @@ class CpuQuota:
     def remove(self, grace_s: float = 10.0) -> None:
         self._kill_members(grace_s)
         self._rmdir()
+
+
+def remove_groups(prefix: str, grace_s: float = 5.0) -> list[Path]:
+    """Stop every process left in the groups whose name starts with ``prefix`` (by pid) and delete the
+    groups: what an owner killed before its own cleanup (a stand-in past its stop grace) left behind."""
+    try:
+        parent = cpu_controller().parent
+    except CgroupUnavailable:
+        return []
+    removed = []
+    for path in sorted(parent.glob(f"{prefix}*")):
+        if path.is_dir():
+            CpuQuota.existing(path).remove(grace_s)
+            removed.append(path)
+    return removed

@@ -20,7 +20,9 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -35,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from keda_llm_scaler.config import Settings
 from keda_llm_scaler.enginelab.build import MODEL_NAME, engine_env
-from keda_llm_scaler.enginelab.cgroups import CgroupUnavailable, cpu_controller
+from keda_llm_scaler.enginelab.cgroups import CgroupUnavailable, cpu_controller, remove_groups
 from keda_llm_scaler.enginelab.loadgen import Arrival, RequestRecord, Router, stream_one
 from keda_llm_scaler.enginelab.run import Engine, EngineSpec, is_ready, launch_engine, stop_engines
 from keda_llm_scaler.enginelab.sweep import saturated_throughput
@@ -52,6 +54,7 @@ HPA_SYNC_S = 15.0
 PROMPT, OUTPUT = 200, 50
 SHUTDOWN_TIMEOUT_S = 30  # vLLM finishes what it holds on SIGTERM (its default, 0, aborts it)
 STARTING, READY, DRAINING = "starting", "ready", "draining"
+DEMO_GROUP_PREFIX = "kls-demo-"
 
 
 def load_curve(t: float, duration: float, throughput: float) -> float:
@@ -131,7 +134,8 @@ class EngineDemo:
     def _launch(self) -> DemoEngine:
         self.started += 1
         name = f"engine-{self.started}"
-        e = launch_engine(self.env, self.spec, self.started, f"kls-demo-{name}", self.log_dir / f"{name}.log")
+        group = f"{DEMO_GROUP_PREFIX}{os.getpid()}-{name}"
+        e = launch_engine(self.env, self.spec, self.started, group, self.log_dir / f"{name}.log")
         pod = DemoEngine(name, e, port=int(e.url.rsplit(":", 1)[1]))
         self.pods.append(pod)
         return pod
@@ -172,9 +176,9 @@ class EngineDemo:
         first = self._launch()
         say(f"starting the first engine (a real start-up: about a minute), log {first.engine.log}")
         await asyncio.to_thread(wait_ready, first.engine)
-        say(f"engine ready in {first.engine.ready_s:.0f} s; measuring what it serves")
+        say(f"engine ready in {first.engine.ready_s:.0f} s; measuring what it serves under its quota")
+        first.engine.cgroup.limit(self.spec.cpus)  # before measuring: the load is sized to a held engine
         throughput = await asyncio.to_thread(saturated_throughput, first.engine.url, MODEL_NAME, 64, PROMPT, OUTPUT)
-        first.engine.cgroup.limit(self.spec.cpus)
         first.state = READY
         self._sync()
         self.throughput = throughput
@@ -231,16 +235,23 @@ class EngineDemo:
                     self._sample(t, times)
                     self._show(t, times)
                 await asyncio.sleep(0.02)
-            say("load done; waiting for the last streams")
+            say("load done; waiting for the last streams (up to 5 minutes)")
             if tasks:
-                await asyncio.wait(tasks, timeout=300)
+                _, pending = await asyncio.wait(tasks, timeout=300)
+                for task in pending:  # still queued after that: counted as misses, not awaited forever
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
         return self._summary()
 
     async def _send(self, session: aiohttp.ClientSession, a: Arrival, wall0: float, rng: random.Random) -> None:
         if not self.router.urls:
             self.records.append(RequestRecord(a.t, a.t, "", PROMPT, OUTPUT, error="no_engine"))
             return
-        self.records.append(await stream_one(session, self.router, MODEL_NAME, a, wall0, rng, 600.0))
+        rec = RequestRecord(a.t, a.t, "", PROMPT, OUTPUT, error="unfinished")  # still waiting when the demo ended
+        try:
+            rec = await stream_one(session, self.router, MODEL_NAME, a, wall0, rng, 600.0)
+        finally:
+            self.records.append(rec)
 
     async def _hpa_sync(self, keda: KedaEmulator, t: float, metrics_port: int) -> None:
         try:
@@ -331,6 +342,10 @@ class EngineDemo:
         stop_engines([p.engine for p in self.pods], grace_s=10.0)
 
 
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def wait_ready(engine: Engine) -> None:
     while not is_ready(engine):
         time.sleep(1.0)
@@ -362,10 +377,15 @@ def engine_demo_main(args: argparse.Namespace) -> int:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kls-demo-engines-") as logs:
         demo = EngineDemo(args, Path(logs))
+        signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM stops the engines as ^C does
         try:
             summary = asyncio.run(demo.run())
+        except KeyboardInterrupt:
+            say("interrupted: stopping the engines")
+            return 130
         finally:
             demo.stop()
+            remove_groups(f"{DEMO_GROUP_PREFIX}{os.getpid()}-")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     from keda_llm_scaler.sim.plots import plot_run

@@ -5,9 +5,11 @@ through the scaler, with the chart's drain example applied to their pods.
 the idle engine and the ReplicaSet removes it first, then the less loaded busy one; the removed engines
 finish their streams (none cut).
 (a) A ramp, a plateau above one engine's capacity, a burst, then a fall: the fleet goes 1 -> N -> 1, and
-the client-side TTFT attainment of the requests sent after the first cold start ends (the stretch no
-reactive policy can serve) is >= 95 %. The bound is measured in the same run: the same load on a static
-fleet of the peak size (the one (c) then scales down), over the same stretch.
+the client-side TTFT attainment is >= 95 % outside the stretch no reactive policy can serve: the first
+cold start, until the queue it left behind has drained (every ready engine's waiting gauge at 0 once the
+second engine serves). That stretch must end before the burst, so it cannot hide one. The bound is
+measured in the same run: the same load on a static fleet of the peak size (the fleet (c) then scales
+down), over the same stretch.
 
 The load: streaming /v1/completions from the pod stand-in (``--pods vllm``), least-in-flight over the
 serving pods, in units of one engine's saturated throughput measured first.
@@ -15,6 +17,7 @@ serving pods, in units of one engine's saturated throughput measured first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -28,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from keda_llm_scaler.controlplane.api import Api
 from keda_llm_scaler.enginelab.build import MODEL_NAME
@@ -105,6 +109,14 @@ class Timeline:
     points: list[tuple[float, int, int, float]] = field(default_factory=list)
     pod_names: set[str] = field(default_factory=set)
     first_scaled_ready: float | None = None  # when a second pod first served
+    backlog_drained: float | None = None  # then, when no ready engine had a request waiting
+
+
+def waiting(url: str) -> float:
+    """The engine's own waiting gauge (vLLM V1: one sample per engine)."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "vllm:num_requests_waiting")  # fmt: skip
 
 
 def run_profile(pods: Pods, fleet: Fleet, steps: list[tuple[float, float, float]], timeline: Timeline) -> None:
@@ -118,6 +130,10 @@ def run_profile(pods: Pods, fleet: Fleet, steps: list[tuple[float, float, float]
             timeline.pod_names |= {p["name"] for p in pods.of(fleet.namespace, fleet.app)}
             if len(ready) >= 2 and timeline.first_scaled_ready is None:
                 timeline.first_scaled_ready = time.time()
+            if timeline.first_scaled_ready is not None and timeline.backlog_drained is None:
+                with contextlib.suppress(httpx.HTTPError):
+                    if sum(waiting(p["url"]) for p in ready) == 0:
+                        timeline.backlog_drained = time.time()
             timeline.points.append((time.time(), fleet.spec_replicas(), len(ready), rate))
             time.sleep(2.0)
     pods.load(fleet.namespace, fleet.app, 0)
@@ -127,9 +143,13 @@ def run_profile(pods: Pods, fleet: Fleet, steps: list[tuple[float, float, float]
 
 def profile(throughput: float) -> list[tuple[float, float, float]]:
     """Ramp, a plateau above one engine's capacity, a burst, a fall: in units of one engine's saturated
-    throughput (its capacity within the SLO is about 0.8 of it)."""
+    throughput T (its capacity within a 2 s TTFT is about 0.8 T: two engines serve the plateau at about
+    80 % and the burst at about 95 %; a burst shorter than a cold start is served by what is there)."""
     t = throughput
-    return [(60, 0.2 * t, 1.4 * t), (90, 1.4 * t, 1.4 * t), (20, 1.9 * t, 1.9 * t), (120, 0.35 * t, 0.35 * t)]
+    return [(120, 0.2 * t, 1.3 * t), (120, 1.3 * t, 1.3 * t), (20, 1.5 * t, 1.5 * t), (90, 0.3 * t, 0.3 * t)]
+
+
+BURST_STARTS_S = 240.0  # the sum of the first two steps' lengths
 
 
 @dataclass
@@ -225,19 +245,21 @@ def test_a_real_fleet_scales_out_and_back_and_holds_the_slo(api: Api, pods: Pods
     rows = records(pods, timeline.pod_names, started)
     cut = streams_cut(pods, fleet)
     peak = max((p[1] for p in timeline.points), default=0)
-    end = timeline.first_scaled_ready
+    end = timeline.backlog_drained
     after = [r for r in rows if end is not None and r["sent"] >= end]
     offset = None if end is None else end - started
-    window = static.started + (offset or 0.0)
-    static_after = [r for r in static.rows if r["sent"] >= window]
+    static_after = [r for r in static.rows if r["sent"] >= static.started + (offset or 0.0)]
     report = {
         "throughput_rps": static.throughput,
         "steps": static.steps,
-        "first_cold_start_ends_s": offset,
+        "first_cold_start_ends_s": None
+        if timeline.first_scaled_ready is None
+        else timeline.first_scaled_ready - started,
+        "its_backlog_drained_s": offset,
         "peak_replicas": peak,
-        "attainment_after_first_cold_start": attainment(after),
+        "attainment_outside_the_first_cold_start": attainment(after),
         "attainment_whole_run": attainment(rows),
-        "static_attainment_same_window": attainment(static_after),
+        "static_attainment_same_stretch": attainment(static_after),
         "static_attainment_whole_run": attainment(static.rows),
         "requests": len(rows),
         "streams_cut": cut,
@@ -245,7 +267,8 @@ def test_a_real_fleet_scales_out_and_back_and_holds_the_slo(api: Api, pods: Pods
     }
     print(json.dumps(report), file=sys.stderr)
     gone(api, pods, fleet)
-    assert end is not None and peak >= 2, report  # 1 -> N
+    assert timeline.first_scaled_ready is not None and peak >= 2, report  # 1 -> N
+    assert offset is not None and offset < BURST_STARTS_S, report  # the excluded stretch hides no burst
     # the bound: the peak fleet serves this load over the same stretch (else the load, not the scaler, is wrong)
     assert attainment(static_after) >= 0.95, report
     assert attainment(after) >= 0.95, report
