@@ -132,29 +132,20 @@ class EnginePodStandIn(PodStandIn):
         self.tokens: dict[tuple[str, str], tuple[int, int]] = {}  # per app: (prompt, output)
 
     # -- pods ---------------------------------------------------------------------------------------
-    def reconcile(self, pod: dict[str, Any]) -> None:
-        meta, spec = pod["metadata"], pod["spec"]
-        uid = meta["uid"]
-        if not spec.get("nodeName"):
-            if not meta.get("deletionTimestamp"):
-                self._bind(meta)
-            return
-        if spec["nodeName"] != "standin-0":
-            return
+    def _known(self, uid: str) -> bool:
+        with self.lock:
+            return uid in self.epods
+
+    def _begin_deletion(self, uid: str, grace_s: float) -> bool:
+        """The kubelet's part once a pod is deleted: out of routing now, then ``_terminate`` in its own thread."""
         with self.lock:
             local = self.epods.get(uid)
-        if meta.get("deletionTimestamp"):
-            if local is None:
-                self._delete_now(meta)
-            elif local.deleting_since is None:
-                with self.lock:
-                    local.deleting_since, local.deleting_wall = time.monotonic(), time.time()
-                    local.grace_s = float(meta.get("deletionGracePeriodSeconds", 30))
-                self._route(local.namespace, local.app)
-                threading.Thread(target=self._terminate, args=(local,), daemon=True, name=f"stop-{local.name}").start()
-            return
-        if local is None and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
-            self._start(pod)
+            if local is None or local.deleting_since is not None:
+                return local is not None
+            local.deleting_since, local.deleting_wall, local.grace_s = time.monotonic(), time.time(), grace_s
+        self._route(local.namespace, local.app)
+        threading.Thread(target=self._terminate, args=(local,), daemon=True, name=f"stop-{local.name}").start()
+        return True
 
     def _start(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]

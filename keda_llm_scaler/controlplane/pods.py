@@ -172,18 +172,25 @@ class PodStandIn:
             return
         if spec["nodeName"] != NODE:
             return
+        if meta.get("deletionTimestamp"):
+            if not self._begin_deletion(uid, float(meta.get("deletionGracePeriodSeconds", 30))):
+                self._delete_now(meta)  # nothing runs for it here: delete it for good
+            return
+        if not self._known(uid) and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+            self._start(pod)
+
+    def _known(self, uid: str) -> bool:
+        with self.lock:
+            return uid in self.pods
+
+    def _begin_deletion(self, uid: str, grace_s: float) -> bool:
+        """A graceful deletion seen: the pod stops getting requests and drains for ``grace_s``. False when
+        no such pod runs here."""
         with self.lock:
             local = self.pods.get(uid)
-        if meta.get("deletionTimestamp"):
-            if local is None:
-                self._delete_now(meta)
-            elif local.deleting_since is None:
-                with self.lock:
-                    local.deleting_since = time.monotonic()
-                    local.grace_s = float(meta.get("deletionGracePeriodSeconds", 30))
-            return
-        if local is None and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
-            self._start(pod)
+            if local is not None and local.deleting_since is None:
+                local.deleting_since, local.grace_s = time.monotonic(), grace_s
+        return local is not None
 
     def _bind(self, meta: dict[str, Any]) -> None:
         binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"]},

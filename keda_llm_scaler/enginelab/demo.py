@@ -42,7 +42,8 @@ from keda_llm_scaler.enginelab.loadgen import Arrival, RequestRecord, Router, st
 from keda_llm_scaler.enginelab.run import Engine, EngineSpec, is_ready, launch_engine, stop_engines
 from keda_llm_scaler.enginelab.sweep import saturated_throughput
 from keda_llm_scaler.server import ScalerServer
-from keda_llm_scaler.sim.hpa import AVERAGE_VALUE, Behavior, Hpa, MetricReading, ScalingPolicy
+from keda_llm_scaler.sim.demo import DEMO_BEHAVIOR
+from keda_llm_scaler.sim.hpa import AVERAGE_VALUE, Hpa, MetricReading
 from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.sim.kubeapi import Endpoint, FakeKube, FakeKubeServer
 from keda_llm_scaler.sim.run import percentile
@@ -119,16 +120,7 @@ class EngineDemo:
         self.state = _State()
         self.engine_seconds = 0.0
         self.throughput = 0.0
-        self.hpa = Hpa(
-            1,
-            args.max_replicas,
-            Behavior(
-                up_stabilization_s=0.0,
-                up_policies=(ScalingPolicy("Pods", 4, 60),),
-                down_stabilization_s=60.0,
-                down_policies=(ScalingPolicy("Pods", 1, 30),),
-            ),
-        )
+        self.hpa = Hpa(1, args.max_replicas, DEMO_BEHAVIOR)
 
     # -- the fleet -------------------------------------------------------------------------------
     def _launch(self) -> DemoEngine:

@@ -61,6 +61,14 @@ SEGMENTS: Sequence[tuple[float, float, float]] = (
     (8.5, 60, 2.0),
 )  # the quiet tail goes on for --minutes beyond 12
 TRACE_OFFSET_S = 600.0
+# Minute-long cold starts: add up to 4 pods a minute, remove one every 30 s after a minute of calm (the
+# README's recommended behavior, compressed for a demo; the real-engine demo uses it too).
+DEMO_BEHAVIOR = Behavior(
+    up_stabilization_s=0.0,
+    up_policies=(ScalingPolicy("Pods", 4, 60),),
+    down_stabilization_s=60.0,
+    down_policies=(ScalingPolicy("Pods", 1, 30),),
+)
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -130,18 +138,7 @@ class Demo:
         self.kube.services[(NAMESPACE, SERVICE)] = []
         self.state = _State()
         self.metrics_port = 0
-        # Minute-long cold starts: add up to 4 pods a minute, remove one every 30 s after a minute of calm
-        # (the demo's compressed version of the README's recommended behavior).
-        self.hpa = Hpa(
-            1,
-            args.max_replicas,
-            Behavior(
-                up_stabilization_s=0.0,
-                up_policies=(ScalingPolicy("Pods", 4, 60),),
-                down_stabilization_s=60.0,
-                down_policies=(ScalingPolicy("Pods", 1, 30),),
-            ),
-        )
+        self.hpa = Hpa(1, args.max_replicas, DEMO_BEHAVIOR)
 
     # -- the simulated cluster -------------------------------------------------------------------
     def _sync_endpoints(self) -> None:
