@@ -18,11 +18,13 @@ plugins are not supported). One pooled httpx client.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import contextlib
 import json
 import os
 import random
+import shutil
 import ssl
 import tempfile
 import time
@@ -162,7 +164,7 @@ class KubeConfig:
                 f"{where}: user {ctx['user']!r} uses an exec/auth-provider plugin; use a token or client certificate"
             )
         base = path.parent
-        private = Path(tempfile.mkdtemp(prefix="keda-llm-scaler-kube-"))
+        private: list[Path] = []  # made only for inline credentials, removed when the process exits
 
         def file_or_data(file_key: str, data_key: str, source: dict[str, Any], name: str) -> Path | None:
             if source.get(data_key):
@@ -170,7 +172,10 @@ class KubeConfig:
                     data = base64.b64decode(str(source[data_key]))
                 except ValueError:
                     raise KubeError(f"{where}: {data_key} is not base64") from None
-                out = private / name
+                if not private:
+                    private.append(Path(tempfile.mkdtemp(prefix="keda-llm-scaler-kube-")))
+                    atexit.register(shutil.rmtree, private[0], ignore_errors=True)
+                out = private[0] / name
                 out.write_bytes(data)
                 out.chmod(0o600)
                 return out

@@ -191,12 +191,16 @@ async def run_load(
     model: str,
     *,
     timeout_s: float = 300.0,
-    seed: int = 0,
+    seed: int | None = None,
     progress: Callable[[float, int, int, int], None] | None = None,
 ) -> LoadResult:
-    """Send every arrival at its time (open loop) and wait for all answers."""
+    """Send every arrival at its time (open loop) and wait for all answers.
+
+    Prompts are random token ids, fresh on every call unless ``seed`` is given: vLLM caches prefixes, so
+    a prompt sent again (a probe repeated, a rerun against the same engine) would skip most of its
+    prefill and measure a faster engine than serving traffic sees."""
     router = Router(urls)
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # None: seeded from the OS
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     tasks: list[asyncio.Task[RequestRecord]] = []
     lag = 0.0

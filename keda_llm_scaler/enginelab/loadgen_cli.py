@@ -42,7 +42,12 @@ def add_loadgen_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-ttft", type=float, default=1.0, help="TTFT SLO in seconds, for attainment (default 1)")
     p.add_argument("--skip", type=float, default=0.0, metavar="S", help="leave the first S seconds out of figures")
     p.add_argument("--timeout", type=float, default=300.0, help="per request, seconds (default 300)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the arrivals and token counts; prompts are fresh on every run (no prefix-cache hits)",
+    )
     p.add_argument("--json", dest="json_out", default=None, metavar="FILE", help="the summary (default: stdout)")
     p.add_argument("--plot", default=None, metavar="PNG", help="offered load and TTFT over time")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -92,7 +97,7 @@ def loadgen_main(args: argparse.Namespace) -> int:
         print(f"keda-llm-scaler loadgen: cannot list models at {urls[0]}/v1/models: {exc}", file=sys.stderr)
         return 3
     progress = None if args.quiet else progress_printer(len(arrivals))
-    result = asyncio.run(run_load(urls, arrivals, model, timeout_s=args.timeout, seed=args.seed, progress=progress))
+    result = asyncio.run(run_load(urls, arrivals, model, timeout_s=args.timeout, progress=progress))
     summary = summarize(result, args.slo_ttft, skip_s=args.skip)
     summary.update({"urls": urls, "model": model, "trace": str(args.trace), "rate": args.rate})
     text = json.dumps(summary, indent=2, sort_keys=True)
