@@ -72,6 +72,7 @@ __all__ = [
     "CAPACITY_SAMPLES",
     "DEFAULT_STARTUP_S",
     "DEMAND_WINDOW_S",
+    "SERVED_WINDOW_PARTS",
     "TREND_WINDOW_SHARE",
     "DemandConfig",
     "DemandEstimate",
@@ -160,6 +161,8 @@ class DemandEstimate:
     startup_s: float
     startup_source: str  # "configured" | "learned" | "default"
     served_rps: float | None = None  # the highest rate one replica served healthily (a lower bound)
+    # seconds since a scrape last counted an arrival anywhere in the fleet (None: none counted yet)
+    since_arrival_s: float | None = None
 
     @property
     def knee_known(self) -> bool:
@@ -386,6 +389,7 @@ class DemandTracker:
         self._tipped: deque[tuple[float, float, Mix | None]] = deque(maxlen=CAPACITY_SAMPLES)
         self._served: list[tuple[float, float, Mix | None]] = []  # (req/s, t, mix): the highest SERVED_SAMPLES
         self._prev_t: float | None = None
+        self._last_arrival_t: float | None = None
         self._open_t: float | None = None
         self._open = _Bin(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, True)
         self._open_member_s = 0.0
@@ -500,6 +504,8 @@ class DemandTracker:
             self._own.pop(gone, None)
         for left in set(self._first_seen) - members:
             del self._first_seen[left]
+        if arrivals > 0:
+            self._last_arrival_t = now
         self._note_tipped(now, arrivals, covered_s, tipped_own)
         self._track_startups(now, starting, appeared)
         self._open.prompt_tokens += tokens[0]
@@ -737,4 +743,5 @@ class DemandTracker:
             startup_s=horizon,
             startup_source=horizon_source,
             served_rps=self.served(now),
+            since_arrival_s=None if self._last_arrival_t is None else max(0.0, now - self._last_arrival_t),
         )

@@ -20,7 +20,8 @@ Per replica i (``kvT`` = targetKvUsage, ``qT`` = targetQueueDepth)::
     if any replica is rejecting: pressure = max(pressure, N + sum(reject_i))
     rate      = need / (capacity x targetUtilization)     (``keda_llm_scaler.demand``; absent while no capacity
                 + sum(queue_i)                is configured, learned or read from KV) plus the backlog
-    composite = max(pressure, rate)          (pressure alone when it is 0: nothing in flight anywhere)
+    composite = max(pressure, rate)          (pressure alone when it is 0 and no arrival was counted over
+                                              the served window, demandWindow / 10: the fleet is idle)
     with ttftSloSeconds: fleet TTFT quantile > SLO and composite >= 0.8 N -> composite >= max(N + 1, 1.25 N)
                          fleet TTFT quantile > 0.8 x SLO -> composite >= N   (no scale-down near the SLO)
     composite is rounded to 0.001 (KEDA's and the HPA's resolution)
@@ -53,7 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from keda_llm_scaler.demand import DEMAND_WINDOW_S, DemandEstimate, nonneg
+from keda_llm_scaler.demand import DEMAND_WINDOW_S, SERVED_WINDOW_PARTS, DemandEstimate, nonneg
 from keda_llm_scaler.errors import NoFreshData
 
 __all__ = [
@@ -246,6 +247,13 @@ def slo_floor(
     return None
 
 
+def _arriving(demand: DemandEstimate | None, p: ScoringParams) -> bool:
+    """A scrape counted an arrival within the served window (``demandWindow`` / 10: 30 s by default)."""
+    if demand is None or demand.since_arrival_s is None:
+        return False
+    return demand.since_arrival_s < p.demand_window_s / SERVED_WINDOW_PARTS
+
+
 def composite(
     replicas: Sequence[ReplicaInput],
     p: ScoringParams,
@@ -296,9 +304,12 @@ def composite(
     if rate is not None and backlog is not None:
         # the arrivals' replicas plus the ones that drain what already waits within one start-up
         rate += backlog
-    if rate is not None and pressure > 0:
-        # sizing for the load there is: a fleet with nothing in flight anywhere reads idle (IsActive
-        # false, property h's converse), not busy for as long as the last 5 minutes' mean lasts
+    if rate is not None and (pressure > 0 or _arriving(demand, p)):
+        # sizing for the load there is: a fleet that had no arrival over the served window and holds
+        # nothing in flight reads idle (IsActive false, property h's converse), not busy for as long as
+        # the last 5 minutes' mean lasts. Nothing in flight at one scrape is not idle: at light load most
+        # scrapes fall between requests, and a composite flickering to 0 would let KEDA scale a serving
+        # pool to zero once enough polls in a row land in the gaps.
         total = max(total, rate)
     floor = slo_floor(ttft_quantile_s, len(scores), p, total)
     if floor is not None:

@@ -598,3 +598,17 @@ def test_every_window_of_the_demand_scales_with_its_calm_window() -> None:
     )
     fast = DemandConfig(calm_window_s=25.0)
     assert (fast.trend_window_s, fast.served_window_s, fast.settle_s) == (pytest.approx(30.0), 2.5, 10.0)
+
+
+def test_the_time_since_the_last_arrival_is_counted_from_the_scrapes_that_saw_one() -> None:
+    """What the composite's idle rule reads: arrivals between scrapes (a request that came and finished
+    between two scrapes counts), not what is in flight at one."""
+    tr = DemandTracker(5.0)
+    assert tr.estimate(0.0) is None
+    t = feed(tr, [2.0] * 6, per=1)  # arrivals in every 5 s interval, nothing in flight at any scrape
+    est = tr.estimate(t)
+    assert est is not None and est.since_arrival_s == 0.0
+    for quiet in range(1, 5):  # then four scrapes with the counter still
+        tr.observe(t + 5.0 * quiet, ["r0"], [counters("r0", 6 * 2.0 * 5.0)])
+    est = tr.estimate(t + 20.0)
+    assert est is not None and est.since_arrival_s == pytest.approx(20.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -223,6 +224,26 @@ def test_the_rate_term_only_raises_the_composite_and_is_monotone_in_offered_load
         assert low.value == round(min(max(low.pressure, need / (capacity * util) + backlog), MAX_COMPOSITE), 3)
     if without.pressure == 0:
         assert low.value == without.value  # an idle fleet stays idle: the last minutes' mean is not load now
+
+
+def test_a_fleet_between_requests_reads_its_load_until_no_arrival_came_for_the_served_window() -> None:
+    """At light load most scrapes fall between requests: nothing in flight is not idle while arrivals keep
+    coming (a composite flickering to 0 lets KEDA scale a serving pool to zero); once none came for the
+    served window (demandWindow / 10) the fleet reads idle as before."""
+    empty = fleet(2, waiting=0, running=0, kv_usage=0.0)
+    p = ScoringParams(target_utilization=0.5, demand_window_s=300.0)
+    light = _estimate(0.6, 1.0)  # 0.6 req/s on replicas of 1 req/s at 50 %: 1.2 replicas
+
+    def at(since_arrival_s: float | None) -> float:
+        return composite(empty, p, demand=dataclasses.replace(light, since_arrival_s=since_arrival_s)).value
+
+    assert at(0.0) == pytest.approx(1.2) and at(29.0) == pytest.approx(1.2)
+    assert at(30.0) == 0.0 and at(600.0) == 0.0 and at(None) == 0.0
+    assert not composite(empty, p, demand=dataclasses.replace(light, since_arrival_s=45.0)).active(0.0)
+    # the served window follows demandWindow (the demo's 12x clock)
+    short = ScoringParams(target_utilization=0.5, demand_window_s=60.0)
+    assert composite(empty, short, demand=dataclasses.replace(light, since_arrival_s=5.0)).value == pytest.approx(1.2)
+    assert composite(empty, short, demand=dataclasses.replace(light, since_arrival_s=6.0)).value == 0.0
 
 
 def test_a_successor_planned_demand_at_n_capacities_reads_n() -> None:
