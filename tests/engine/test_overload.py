@@ -61,10 +61,16 @@ def test_learned_capacity_matches_the_sweep_and_overload_reads_the_need(engines:
     assert not watch.errors, watch.errors
     # the overload was real: the queue grew and most requests missed the SLO
     assert summary["failed"] == 0 and summary["ttft_p95_s"] > 5 * SLO_S
+    broken = []  # every contract is checked, so a run that breaks both says so
     # (e) it asks for more than the fleet it has, and at most 3x what the load needs, however long the
     # backlog grows (at 0.2.0 the queue in running batches read 43.7 for a need of 3.3)
-    assert max(values) > fleet
-    assert max(values) <= 3 * need, report
+    if not max(values) > fleet:
+        broken.append(f"(e) the composite never asked for more than the fleet of {fleet}: {max(values)}")
+    if not max(values) <= 3 * need:
+        broken.append(f"(e) the composite read {max(values)}, more than 3x the need of {need:.2f}")
     # (b) the capacity it learned past the knee is within 30 % of the sweep's
-    assert learned is not None and learned[0] == "learned", report
-    assert 0.7 * capacity <= learned[1] <= 1.3 * capacity, report
+    if learned is None or learned[0] != "learned":
+        broken.append(f"(b) no capacity learned past the knee: {learned}")
+    elif not 0.7 * capacity <= learned[1] <= 1.3 * capacity:
+        broken.append(f"(b) learned {learned[1]:.2f} req/s against {capacity:.2f} from the sweep (±30 %)")
+    assert not broken, f"{broken}: {report}"
