@@ -4,7 +4,8 @@ open-loop arrivals on the real engines and through the simulator (a static fleet
 same least-in-flight routing), at three loads (below, at and above the knee), and compare attainment,
 TTFT p50/p95 and inter-token latency. Run inside ``scripts/engine run``:
 
-    scripts/engine run 2 --cpus 0.5 --max-num-seqs 16 -- python benchmarks/sim_to_real.py --out docs/sim-to-real/a
+    scripts/engine run 3 --cpus 0.5 --max-num-seqs 16 -- \
+        python benchmarks/sim_to_real.py --fleets 1,3 --duration 90 --out docs/sim-to-real/a
     scripts/engine run 2 --cpus 0.75 --max-num-seqs 8 --layers 8 -- \
         python benchmarks/sim_to_real.py --out docs/sim-to-real/b
 
@@ -84,7 +85,19 @@ def _sim(profile: str, n: int, arrivals: list[Arrival]) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="a directory: profile.json, results.json")
-    ap.add_argument("--duration", type=float, default=120.0)
+    ap.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals per load (default 120)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each load this many times on the real engines (the same arrivals): their spread is the "
+        "fidelity no simulator can beat (default 1)",
+    )
+    ap.add_argument(
+        "--fleets",
+        default=None,
+        help="fleet sizes to compare, comma-separated (default: every engine of the run), e.g. 1,3",
+    )
     args = ap.parse_args()
     urls = os.environ["KLS_ENGINE_URLS"].split(",")
     model = os.environ["KLS_ENGINE_MODEL"]
@@ -109,14 +122,20 @@ def main() -> int:
     knee, points = real_capacity_at_slo(urls[0], model, slo_s=SLO_S, prompt=0, output=0, mix=mix, bisections=2)
     _say(f"real capacity at the SLO: {knee:.2f} req/s per engine")
     rows = []
-    for i, share in enumerate(LOADS):
-        rate = share * knee * len(urls)
-        arrivals = poisson_arrivals(rate, args.duration, 0, 0, seed=100 + i, mix=mix)
-        real = _real(urls, model, arrivals)
-        sim = _sim(str(profile_path), len(urls), arrivals)
-        row = {"load": share, "rate": rate, "engines": len(urls), "real": real, "sim": sim}
-        rows.append(row)
-        _say(json.dumps(row))
+    fleets = [int(n) for n in args.fleets.split(",")] if args.fleets else [len(urls)]
+    if any(not 1 <= n <= len(urls) for n in fleets):
+        ap.error(f"--fleets: each size must be 1..{len(urls)} (the engines of this run)")
+    for n in fleets:
+        for i, share in enumerate(LOADS):
+            rate = share * knee * n
+            arrivals = poisson_arrivals(rate, args.duration, 0, 0, seed=100 * n + i, mix=mix)
+            runs = [_real(urls[:n], model, arrivals) for _ in range(max(1, args.repeat))]
+            sim = _sim(str(profile_path), n, arrivals)
+            row = {"load": share, "rate": rate, "engines": n, "real": runs[0], "sim": sim}
+            if len(runs) > 1:
+                row["real_repeats"] = runs
+            rows.append(row)
+            _say(json.dumps(row))
     result = {
         "config": config,
         "profile": profile,
@@ -132,17 +151,27 @@ def main() -> int:
 
 
 def table(result: dict[str, Any]) -> str:
-    head = "| load | req/s | attainment real / sim (points) | TTFT p50 s real / sim (error) | TTFT p95 s real / sim |"
-    lines = [head + " ITL p50 ms real / sim |", "|---|---|---|---|---|---|"]
+    head = "| engines | load | req/s | attainment real / sim (points) | TTFT p50 s real / sim (error) |"
+    head += " TTFT p95 s real / sim | ITL p50 ms real / sim | real again: attainment, TTFT p50 |"
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         r, s = row["real"], row["sim"]
         err = (s["ttft_p50_s"] - r["ttft_p50_s"]) / r["ttft_p50_s"] if r["ttft_p50_s"] else float("nan")
         lines.append(
-            f"| {row['load']:.1f} x knee | {row['rate']:.2f} | "
+            f"| {row['engines']} | {row['load']:.1f} x knee | {row['rate']:.2f} | "
             f"{100 * r['attainment']:.1f} / {100 * s['attainment']:.1f} "
             f"({100 * (s['attainment'] - r['attainment']):+.1f}) | {r['ttft_p50_s']:.3f} / {s['ttft_p50_s']:.3f} "
             f"({100 * err:+.0f} %) | {r['ttft_p95_s']:.2f} / {s['ttft_p95_s']:.2f} | "
-            f"{1000 * (r['itl_p50_s'] or 0):.1f} / {1000 * (s['itl_p50_s'] or 0):.1f} |"
+            f"{1000 * (r['itl_p50_s'] or 0):.1f} / {1000 * (s['itl_p50_s'] or 0):.1f} | "
+            + (
+                "; ".join(
+                    f"{100 * x['attainment']:.1f} % ({100 * (x['attainment'] - r['attainment']):+.1f}), "
+                    f"{x['ttft_p50_s']:.3f} s ({100 * (x['ttft_p50_s'] - r['ttft_p50_s']) / r['ttft_p50_s']:+.0f} %)"
+                    for x in row.get("real_repeats", [])[1:]
+                )
+                or "—"
+            )
+            + " |"
         )
     return "\n".join(lines)
 

@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from keda_llm_scaler.enginelab.calibrate import Fit, fit_decode, fit_prefill, least_squares, write_profile
+from keda_llm_scaler.enginelab.calibrate import (
+    Fit,
+    fit_decode,
+    fit_prefill,
+    least_squares,
+    prefill_alone,
+    simulated_throughput,
+    step_scale,
+    write_profile,
+)
 from keda_llm_scaler.sim.profiles import get_profile, load_profile
 from keda_llm_scaler.sim.replica import Request, SimReplica
 
@@ -35,6 +44,10 @@ def test_the_decode_and_prefill_fits_recover_the_step_time_model() -> None:
     assert fit_decode(decode) == pytest.approx((c, d, e))
     prefill = [(p, c + b * p + f * p * p / 2) for p in (32, 256, 512, 1024)]
     assert fit_prefill(prefill, c) == pytest.approx((b, f))
+    # measured under load: each prefill step also carried the decodes beside it, which come off first
+    beside = [(p, c + b * p + f * p * p / 2 + d * n + e * n * (p + 12) / 1000, n) for p, n in
+              ((32, 2.5), (256, 3.0), (512, 2.8), (1024, 3.2))]  # fmt: skip
+    assert fit_prefill(prefill_alone(beside, d, e, 24), c) == pytest.approx((b, f))
     # noise that would make a coefficient negative drops that term instead of fitting a negative cost
     cf, df, ef = fit_decode([(1, 100.0, 10.0), (4, 400.0, 12.0), (8, 300.0, 14.0)])
     assert min(cf, df, ef) >= 0
@@ -78,3 +91,22 @@ def test_the_api_server_overhead_adds_to_every_ttft_and_to_nothing_else() -> Non
     for a, b in zip(done["base"], done["slow"], strict=True):
         assert b.ttft == pytest.approx(a.ttft + 0.040)
         assert b.finished_at == pytest.approx(a.finished_at)  # the engine's schedule is the same
+
+
+def test_scaling_the_steps_by_the_saturated_ratio_makes_the_model_serve_what_the_engine_did() -> None:
+    """The last step of calibrate: a model that completes a burst at 3 req/s where the engine completed
+    it at 4 gets every step coefficient x 0.75, and then completes it at 4 (the schedule is the same, each
+    step shorter); a ratio past the bounds is not followed."""
+    fitted = dataclasses.replace(get_profile("8b-h100"), max_num_seqs=16, max_num_batched_tokens=2048)
+    model_rps = simulated_throughput(fitted, 64, 256, 64)
+    assert model_rps > 0
+    engine_rps = model_rps / 0.75
+    k = step_scale(model_rps, engine_rps)
+    assert k == pytest.approx(0.75)
+    scaled = dataclasses.replace(
+        fitted, c_ms=fitted.c_ms * k, b_ms=fitted.b_ms * k, d_ms=fitted.d_ms * k, e_ms=fitted.e_ms * k,
+        f_ms=fitted.f_ms * k,
+    )  # fmt: skip
+    assert simulated_throughput(scaled, 64, 256, 64) == pytest.approx(engine_rps, rel=1e-6)
+    assert step_scale(model_rps, model_rps / 10) == 2.0 and step_scale(model_rps, model_rps * 10) == 0.5
+    assert step_scale(0.0, 4.0) == 1.0 and step_scale(4.0, 0.0) == 1.0

@@ -3,18 +3,30 @@
 It sends its own load in two phases and reads the engine's own histograms (sum and count before and after
 each phase, so only its own requests count) and its cache config:
 
-- **prefill**: one request at a time with prompts of several lengths and one output token, while
-  ``BACKGROUND_STREAMS`` long decodes keep the engine busy as serving does (an idle engine's prefill is
-  faster than a serving one's: on a CPU quota the busy engine has spent its quota when a prompt comes,
-  and its prompts share steps with decodes); the engine's ``request_prefill_time_seconds`` per request
-  is that mixed step, ``c + b·P + d·D + e·K/1000 + f·P²/2``, fitted for ``b`` and ``f`` once the decode
-  terms are known;
-- **decode**: batches of B concurrent requests with long outputs, at several B and two prompt lengths
+- **prefill, under load**: for each of several prompt lengths, Poisson arrivals of requests with that
+  prompt and ``PREFILL_OUTPUT`` tokens at ``PREFILL_RATE``, so prompts come while others decode, at
+  random times, as in serving. The engine's ``request_prefill_time_seconds`` per request is that mixed
+  step, ``c + b·P + d·B + e·K/1000 + f·P²/2`` with ``B`` the decodes beside it (Poisson arrivals see the
+  time average: the running gauge's mean) and ``K`` their context, fitted for ``b`` and ``f`` once the
+  decode terms are known. Lone prompts sent back to back beside two long decodes (the first version) read
+  a 512-token prefill at 249 ms where the same engine under Poisson load spent 126-166 ms, and a simulator
+  fitted on them served 0.92 req/s where the engine served 1.59; clients sending prompts in lockstep put
+  several prompts in one step (537 ms). Every prompt is fresh: a repeated one is a prefix-cache hit,
+  not a prefill;
+- **decode**: batches of B concurrent requests with short prompts, at several B and two output lengths
   (so the context is not just a multiple of the batch); the engine's ``inter_token_latency_seconds``
   mean is ``c + d·B + e·K/1000`` with ``K`` the batch's mean context, fitted for ``c``, ``d`` and ``e``;
-- **the API server's own time per request** (tokenizing, the hand-off to the engine, the wait for the
-  current step, the first chunk's write): the client's TTFT less the engine's prefill time, the median
-  over the prefill phase. The simulator adds it to every TTFT, not to the engine's steps.
+- **the engine at saturation**: ``SATURATION_BATCHES`` x ``max_num_seqs`` requests of
+  ``SATURATION_PROMPT``/``SATURATION_OUTPUT`` tokens sent at once; the rate they complete at (first
+  completion to last) against the rate the fitted model completes the same burst at. Every step
+  coefficient is scaled by their ratio (``step_scale``, within 0.5-2), so the simulated engine serves
+  what the real one does. The probes above measure each term apart, on an engine that is mostly idle
+  between steps; on a CPU quota a busy engine's steps are not quite their sum (on config A the fitted
+  model served 1.10 req/s at the SLO where the engine served 1.59);
+- **the API server's own time per request** (tokenizing, the hand-off to the engine, the first chunk's
+  write): the client's TTFT less the engine's queue and prefill times, the median over the prefill
+  phase's lengths. The simulator adds it to every TTFT, not to the engine's steps (it models the wait
+  for the current step and the queue itself).
 
 KV tokens come from ``vllm:cache_config_info`` (``kv_cache_size_tokens``, else blocks x block size);
 ``max_num_seqs`` is given or read as the most requests the engine ran at once under a batch larger than it.
@@ -27,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import statistics
 import sys
 import time
@@ -39,16 +52,33 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from keda_llm_scaler.enginelab.loadgen import Arrival, run_load
+from keda_llm_scaler.enginelab.sweep import burst_throughput, saturated_throughput
+from keda_llm_scaler.sim.profiles import Profile
+from keda_llm_scaler.sim.replica import Request, SimReplica
 
-__all__ = ["Fit", "calibrate", "fit_decode", "fit_prefill", "least_squares"]
+__all__ = [
+    "Fit",
+    "calibrate",
+    "fit_decode",
+    "fit_prefill",
+    "least_squares",
+    "prefill_alone",
+    "simulated_throughput",
+    "step_scale",
+]
 
-PREFILL_PROMPTS = (32, 256, 512, 1024, 1536)
-PREFILL_REPEATS = 6
-DECODE_BATCHES = (1, 4, 8, 16, 32)
-DECODE_PROMPTS = (16, 768)  # short and long contexts at each batch size: K varies apart from B
-DECODE_OUTPUT = 96
-BACKGROUND_STREAMS = 2  # decodes running through the prefill probes
-BACKGROUND_PROMPT, BACKGROUND_OUTPUT = 16, 1500
+SATURATION_BATCHES = 4
+SATURATION_PROMPT, SATURATION_OUTPUT = 256, 64
+STEP_SCALE_BOUNDS = (0.5, 2.0)
+PREFILL_PROMPTS = (64, 512, 1024)
+PREFILL_RATE = 0.5  # req/s of Poisson arrivals per prompt length: prompts come while others decode
+PREFILL_REQUESTS = 12
+PREFILL_OUTPUT = 24
+# (prompt, output, batch sizes): short and long contexts at each batch size, so K varies apart from B.
+# The long contexts come from long outputs, not long prompts: B long prompts prefill in the first steps
+# of the batch, and the inter-token latencies of the requests already decoding then carry those steps
+# (prompts of 768 at B = 16 are six steps of 2,048 prefill tokens), which read as a context cost.
+DECODE_SHAPES = ((16, 96, (1, 4, 8, 16, 32)), (16, 640, (1, 4, 8, 16)))
 
 
 def _say(msg: str) -> None:
@@ -121,6 +151,24 @@ def fit_decode(points: Sequence[tuple[int, float, float]]) -> tuple[float, float
     return max(c, 0.1), max(d, 0.0), max(e, 0.0)
 
 
+def simulated_throughput(profile: Profile, n: int, prompt: int, output: int) -> float:
+    """The rate the simulated replica completes ``n`` requests sent at once at, as ``burst_throughput``."""
+    replica = SimReplica(profile)
+    replica.submit([Request(i, 0.0, prompt, output) for i in range(n)])
+    replica.advance(24 * 3600.0)
+    return burst_throughput([r.finished_at for r in replica.finished if r.finished_at is not None])
+
+
+def step_scale(simulated_rps: float, real_rps: float) -> float:
+    """What every step coefficient is multiplied by so the model completes a burst at the engine's rate
+    (a model that is too slow gets shorter steps), within ``STEP_SCALE_BOUNDS``: past them the probes
+    measured something else than the burst did, and the fit is reported rather than bent that far."""
+    if simulated_rps <= 0 or real_rps <= 0:
+        return 1.0
+    low, high = STEP_SCALE_BOUNDS
+    return min(high, max(low, simulated_rps / real_rps))
+
+
 def fit_prefill(points: Sequence[tuple[int, float]], c_ms: float) -> tuple[float, float]:
     """(prompt P, prefill ms) -> b, f of ``prefill = c + b·P + f·P²/2``, each >= 0."""
     b, f = least_squares([(float(p), p * p / 2.0) for p, _ in points], [y - c_ms for _, y in points])
@@ -128,6 +176,15 @@ def fit_prefill(points: Sequence[tuple[int, float]], c_ms: float) -> tuple[float
         (b,) = least_squares([(float(p),) for p, _ in points], [y - c_ms for _, y in points])
         f = 0.0
     return max(b, 0.0), max(f, 0.0)
+
+
+def prefill_alone(
+    loaded: Sequence[tuple[int, float, float]], d_ms: float, e_ms: float, output: int
+) -> list[tuple[int, float]]:
+    """(P, prefill step ms, decodes beside it) -> (P, the step less those decodes' share): each beside
+    decode costs ``d`` and its context (a prompt of the same length and half the output, on average)
+    ``e`` per 1k tokens."""
+    return [(p, ms - d_ms * beside - e_ms * beside * (p + output / 2) / 1000.0) for p, ms, beside in loaded]
 
 
 async def _burst(url: str, model: str, n: int, prompt: int, output: int) -> list[Any]:
@@ -138,40 +195,61 @@ async def _burst(url: str, model: str, n: int, prompt: int, output: int) -> list
     return result.records
 
 
-async def _prefill_probes(url: str, model: str, max_model_len: int) -> tuple[list[tuple[int, float]], list[float]]:
-    """Prefill times per prompt length (engine-side) and client TTFT less them, with background decodes."""
-    url_list = [url]
-    streams = [Arrival(0.0, BACKGROUND_PROMPT, BACKGROUND_OUTPUT)] * BACKGROUND_STREAMS
-    background = asyncio.create_task(run_load(url_list, streams, model))
-    await asyncio.sleep(2.0)  # the background streams are decoding
-    points: list[tuple[int, float]] = []
-    overheads: list[float] = []
+async def _loaded_prefill(url: str, model: str, prompt: int, seed: int) -> tuple[float, float, float, float]:
+    """Poisson arrivals of ``prompt``-token requests at ``PREFILL_RATE``: the engine's mean prefill and
+    queue times (s), the mean requests running (sampled every 0.1 s), the client's mean TTFT (s)."""
+    running: list[float] = []
+    stop = asyncio.Event()
+
+    async def sample() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                gauges = (await asyncio.to_thread(_scrape, url))["gauge"]
+                running.append(gauges.get("vllm:num_requests_running", 0.0))
+            await asyncio.sleep(0.1)
+
+    rng = random.Random(seed)
+    arrivals: list[Arrival] = []
+    t = rng.expovariate(PREFILL_RATE)
+    while len(arrivals) < PREFILL_REQUESTS:
+        arrivals.append(Arrival(t, prompt, PREFILL_OUTPUT))
+        t += rng.expovariate(PREFILL_RATE)
+    before = await asyncio.to_thread(_scrape, url)
+    sampler = asyncio.create_task(sample())
     try:
-        for p in PREFILL_PROMPTS:
-            if p + 1 > max_model_len:
-                continue
-            before = await asyncio.to_thread(_scrape, url)
-            client: list[float] = []
-            for _ in range(PREFILL_REPEATS):
-                result = await run_load(url_list, [Arrival(0.0, p, 1)], model, timeout_s=300)
-                rec = result.records[0]
-                if rec.error is not None or rec.ttft_s is None:
-                    raise RuntimeError(f"a prefill probe of {p} tokens failed: {rec.error}")
-                client.append(rec.ttft_s * 1000.0)
-            after = await asyncio.to_thread(_scrape, url)
-            engine_ms = _mean_delta(before, after, "vllm:request_prefill_time_seconds")
-            if engine_ms is None:
-                raise RuntimeError("the engine's request_prefill_time_seconds did not move: is it vLLM V1?")
-            engine_ms *= 1000.0
-            points.append((p, engine_ms))
-            overheads.append(statistics.median(client) - engine_ms)
-            _say(f"prefill {p:5d} tokens: engine {engine_ms:7.1f} ms, client TTFT {statistics.median(client):7.1f} ms")
-        if background.done():
-            raise RuntimeError("the background decodes ended before the prefill probes did")
+        result = await run_load([url], arrivals, model, timeout_s=300)
     finally:
-        background.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await background
+        stop.set()
+        await sampler
+    after = await asyncio.to_thread(_scrape, url)
+    failed = [r.error for r in result.records if r.error is not None or r.ttft_s is None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} prefill probes of {prompt} tokens failed: {failed[:3]}")
+    prefill = _mean_delta(before, after, "vllm:request_prefill_time_seconds")
+    if prefill is None:
+        raise RuntimeError("the engine's request_prefill_time_seconds did not move: is it vLLM V1?")
+    queued = _mean_delta(before, after, "vllm:request_queue_time_seconds") or 0.0
+    ttft = statistics.fmean(r.ttft_s for r in result.records if r.ttft_s is not None)
+    return prefill, queued, statistics.fmean(running) if running else 0.0, ttft
+
+
+async def _prefill_probes(
+    url: str, model: str, max_model_len: int
+) -> tuple[list[tuple[int, float, float]], list[float]]:
+    """Per prompt length under load: (P, the engine's mean prefill ms, the decodes beside it), and the
+    client's TTFT less the engine's queue and prefill times (ms) per length."""
+    points: list[tuple[int, float, float]] = []
+    overheads: list[float] = []
+    for i, p in enumerate(PREFILL_PROMPTS):
+        if p + PREFILL_OUTPUT > max_model_len:
+            continue
+        prefill, queued, beside, ttft = await _loaded_prefill(url, model, p, seed=i)
+        points.append((p, prefill * 1000.0, beside))
+        overheads.append((ttft - queued - prefill) * 1000.0)
+        _say(
+            f"prefill {p:5d} tokens: engine {prefill * 1000:7.1f} ms beside {beside:.1f} decodes, "
+            f"queued {queued * 1000:5.1f} ms, client TTFT {ttft * 1000:7.1f} ms"
+        )
     return points, overheads
 
 
@@ -195,47 +273,60 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
     asyncio.run(_burst(url, model, 2, 64, 8))  # warm: the first requests of an engine compile and allocate
     max_model_len = int(float(info.get("max_model_len", 1 << 30) or 1 << 30))
 
-    decode_points: list[tuple[int, float, float]] = []
+    decode_points: list[tuple[int, float, float]] = []  # (B, mean context per sequence, ITL ms)
     peak = [0.0]
-    for prompt in DECODE_PROMPTS:
-        for b in DECODE_BATCHES:
-            if prompt + DECODE_OUTPUT > max_model_len:
+    for prompt, output, batches in DECODE_SHAPES:
+        for b in batches:
+            if prompt + output > max_model_len:
                 continue
             stop = [False]
             watcher = threading.Thread(target=_running_peak, args=(url, stop, peak), daemon=True)
             watcher.start()
             before = _scrape(url)
-            asyncio.run(_burst(url, model, b, prompt, DECODE_OUTPUT))
+            asyncio.run(_burst(url, model, b, prompt, output))
             after = _scrape(url)
             stop[0] = True
             watcher.join()
             itl = _mean_delta(before, after, "vllm:inter_token_latency_seconds")
             if itl is None:
                 raise RuntimeError("the engine's inter_token_latency_seconds did not move: is it vLLM V1?")
-            decode_points.append((b, float(prompt), itl * 1000.0))
+            decode_points.append((b, prompt + output / 2, itl * 1000.0))
             _say(
-                f"decode batch {b:3d}, prompt {prompt:4d}: engine ITL {itl * 1000:7.2f} ms "
+                f"decode batch {b:3d}, prompt {prompt:4d}, output {output:4d}: engine ITL {itl * 1000:7.2f} ms "
                 f"(running at most {peak[0]:.0f})"
             )
     seqs_cap = max(1, max_num_seqs or int(peak[0]))
     # a batch above the cap runs as the cap; the mean context of a decode step is the prompt plus half the output
-    decode_points = [(min(b, seqs_cap), min(b, seqs_cap) * (p + DECODE_OUTPUT / 2), y) for b, p, y in decode_points]
+    decode_points = [(min(b, seqs_cap), min(b, seqs_cap) * ctx, y) for b, ctx, y in decode_points]
     c, d, e = fit_decode(decode_points)
-    prefill_points, overheads = asyncio.run(_prefill_probes(url, model, max_model_len))
-    # the probes' steps also carried the background decodes: their share of each step is known now
-    background_ms = d * BACKGROUND_STREAMS + e * BACKGROUND_STREAMS * (BACKGROUND_PROMPT + BACKGROUND_OUTPUT / 4) / 1000
-    b_ms, f_ms = fit_prefill(prefill_points, c + background_ms)
+    loaded, overheads = asyncio.run(_prefill_probes(url, model, max_model_len))
+    b_ms, f_ms = fit_prefill(prefill_alone(loaded, d, e, PREFILL_OUTPUT), c)
     overhead = max(0.0, statistics.median(overheads)) if overheads else 0.0
+    n = SATURATION_BATCHES * seqs_cap
+    real_rps = saturated_throughput(url, model, n, SATURATION_PROMPT, SATURATION_OUTPUT)
+    fitted = Profile(
+        name="fit", description="", c_ms=c, b_ms=b_ms, d_ms=d, e_ms=e, f_ms=f_ms, kv_tokens=kv_tokens or 1 << 20,
+        gpus=1, cold_start_mean_s=60.0, cold_start_p90_s=60.0, max_num_seqs=seqs_cap, max_num_batched_tokens=2048,
+    )  # fmt: skip
+    sim_rps = simulated_throughput(fitted, n, SATURATION_PROMPT, SATURATION_OUTPUT)
+    scale = step_scale(sim_rps, real_rps)
+    _say(f"saturated: the engine {real_rps:.2f} req/s, the fitted model {sim_rps:.2f}: steps scaled by {scale:.3f}")
     return Fit(
-        c_ms=c,
-        b_ms=b_ms,
-        d_ms=d,
-        e_ms=e,
-        f_ms=f_ms,
+        c_ms=c * scale,
+        b_ms=b_ms * scale,
+        d_ms=d * scale,
+        e_ms=e * scale,
+        f_ms=f_ms * scale,
         ttft_overhead_ms=overhead,
         kv_tokens=kv_tokens,
         max_num_seqs=seqs_cap,
-        points={"prefill": prefill_points, "decode": decode_points, "ttft_overhead_ms": overheads},
+        points={
+            "prefill": loaded,
+            "decode": decode_points,
+            "ttft_overhead_ms": overheads,
+            "saturated_rps": {"engine": real_rps, "fitted": sim_rps, "requests": n},
+            "step_scale": scale,
+        },
     )
 
 

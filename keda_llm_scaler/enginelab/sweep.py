@@ -16,7 +16,7 @@ from typing import Any
 
 from keda_llm_scaler.enginelab.loadgen import Arrival, run_load, summarize
 
-__all__ = ["SweepPoint", "capacity_at_slo", "poisson_arrivals", "saturated_throughput"]
+__all__ = ["SweepPoint", "burst_throughput", "capacity_at_slo", "poisson_arrivals", "saturated_throughput"]
 
 
 def poisson_arrivals(
@@ -113,13 +113,19 @@ def _interpolate(lo: SweepPoint, hi: SweepPoint, attainment: float) -> float:
     return lo.rate + (hi.rate - lo.rate) * (lo.attainment - attainment) / drop
 
 
+def burst_throughput(completions: Sequence[float]) -> float:
+    """Requests per second a burst completed at: the count over the time from its first completion to its
+    last (the first batch's own latency left out); 0 when that cannot be told."""
+    done = sorted(completions)
+    if len(done) < 2 or done[-1] <= done[0]:
+        return 0.0
+    return (len(done) - 1) / (done[-1] - done[0])
+
+
 def saturated_throughput(url: str, model: str, n: int, prompt: int, output: int) -> float:
     """Requests per second one engine completes when it never runs dry: ``n`` requests sent at once, the
     count over the time from the first completion to the last (the first batch's own latency left out)."""
     result = asyncio.run(run_load([url], [Arrival(0.0, prompt, output) for _ in range(n)], model, timeout_s=900))
-    done = sorted(r.sent + r.e2e_s for r in result.records if r.error is None and r.e2e_s is not None)
-    if len(done) < 2 or done[-1] <= done[0]:
-        return 0.0
-    rate = (len(done) - 1) / (done[-1] - done[0])
+    rate = burst_throughput([r.sent + r.e2e_s for r in result.records if r.error is None and r.e2e_s is not None])
     print(f"sweep: saturated throughput {rate:.2f} req/s ({n} requests at once)", file=sys.stderr, flush=True)
     return rate
