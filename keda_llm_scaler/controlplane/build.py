@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from keda_llm_scaler.enginelab.build import lab_cache
+
 __all__ = ["KEDA_VERSION", "KUBERNETES_VERSION", "Binaries", "binaries", "build"]
 
 KUBERNETES_VERSION = "v1.36.3"
@@ -54,11 +56,7 @@ class Binaries:
 
 
 def cache_root() -> Path:
-    env = os.environ.get("KLS_CONTROLPLANE_CACHE")
-    if env:
-        return Path(env)
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "keda-llm-scaler" / "controlplane"
+    return lab_cache("controlplane", "KLS_CONTROLPLANE_CACHE")
 
 
 def binaries(kubernetes: str = KUBERNETES_VERSION, keda: str = KEDA_VERSION) -> Binaries:

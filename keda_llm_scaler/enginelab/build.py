@@ -48,12 +48,19 @@ def _say(msg: str) -> None:
     print(f"[engine] {msg}", file=sys.stderr, flush=True)
 
 
-def cache_root() -> Path:
-    env = os.environ.get("KLS_ENGINE_CACHE")
+def lab_cache(kind: str, override_env: str) -> Path:
+    """Where a lab build of ``kind`` is cached, outside the repository: ``$override_env`` if set, else
+    ``$XDG_CACHE_HOME/keda-llm-scaler/<kind>`` (``~/.cache`` by default). The control plane's binaries
+    and the engine environment share it."""
+    env = os.environ.get(override_env)
     if env:
         return Path(env)
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "keda-llm-scaler" / "engine"
+    return base / "keda-llm-scaler" / kind
+
+
+def cache_root() -> Path:
+    return lab_cache("engine", "KLS_ENGINE_CACHE")
 
 
 @dataclass(frozen=True)
