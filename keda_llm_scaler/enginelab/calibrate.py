@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import random
 import statistics
 import sys
 import time
@@ -52,7 +51,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from keda_llm_scaler.enginelab.loadgen import Arrival, run_load
-from keda_llm_scaler.enginelab.sweep import burst_throughput, saturated_throughput
+from keda_llm_scaler.enginelab.sweep import burst_throughput, poisson_arrivals, saturated_throughput
 from keda_llm_scaler.sim.profiles import Profile
 from keda_llm_scaler.sim.replica import Request, SimReplica
 
@@ -208,12 +207,9 @@ async def _loaded_prefill(url: str, model: str, prompt: int, seed: int) -> tuple
                 running.append(gauges.get("vllm:num_requests_running", 0.0))
             await asyncio.sleep(0.1)
 
-    rng = random.Random(seed)
-    arrivals: list[Arrival] = []
-    t = rng.expovariate(PREFILL_RATE)
-    while len(arrivals) < PREFILL_REQUESTS:
-        arrivals.append(Arrival(t, prompt, PREFILL_OUTPUT))
-        t += rng.expovariate(PREFILL_RATE)
+    # the first PREFILL_REQUESTS of a Poisson stream (its span is long enough to hold them many times over)
+    span = 100.0 * PREFILL_REQUESTS / PREFILL_RATE
+    arrivals = poisson_arrivals(PREFILL_RATE, span, prompt, PREFILL_OUTPUT, seed=seed)[:PREFILL_REQUESTS]
     before = await asyncio.to_thread(_scrape, url)
     sampler = asyncio.create_task(sample())
     try:
