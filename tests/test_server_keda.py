@@ -377,7 +377,10 @@ class Stream:
 
 async def test_c17_c18_stream_sends_state_then_only_transitions(channel: grpc.aio.Channel) -> None:
     with replicas(IDLE) as (r,):
-        keda = KedaEmulator(channel, "llm", "serving", meta(r.url, workloadClass="batch"))  # idle -> inactive
+        # A fleet that counted an arrival within the served window (demandWindow / 10) reads busy: the
+        # shortest window (3 bins of 2 s) lets it read idle within a scrape of going idle, as the test needs.
+        metadata = meta(r.url, workloadClass="batch", demandWindow="6")
+        keda = KedaEmulator(channel, "llm", "serving", metadata)  # idle -> inactive
         stream = Stream(keda.stub.StreamIsActive(keda.ref))
         start = time.perf_counter()
         first = await stream.next(2.0)
