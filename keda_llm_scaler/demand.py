@@ -68,6 +68,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from keda_llm_scaler.queueing import rate_within_wait
+
 __all__ = [
     "CAPACITY_SAMPLES",
     "DEFAULT_STARTUP_S",
@@ -90,6 +92,7 @@ MIN_PROVISIONAL_UTILIZATION: Final = 0.2
 DEFAULT_STARTUP_S: Final = 180.0  # until one start-up is seen: a 70B start on a warm node is 3-5 min
 SATURATED_KV: Final = 0.9
 DEFAULT_TTFT_SLO_S: Final = 2.0  # without ttftSloSeconds: what an interactive endpoint is held to
+DEFAULT_SLO_QUANTILE: Final = 0.95  # without ttftSloQuantile (ScoringParams' default)
 DEFAULT_QUEUE_KNEE_S: Final = 1.0  # without a TTFT SLO: a second in the queue is past any chat knee
 QUEUE_KNEE_SLO_SHARE: Final = 0.5  # with one: half the SLO spent waiting to be scheduled
 MIX_TOLERANCE: Final = 0.3  # a capacity reading describes mixes within 30 % of its tokens per request
@@ -357,10 +360,13 @@ class DemandTracker:
         config: DemandConfig | None = None,
         retain_s: float | None = None,
         ttft_slo_s: float | None = None,
+        ttft_slo_quantile: float = DEFAULT_SLO_QUANTILE,
     ) -> None:
         """``ttft_slo_s``: the trigger's TTFT SLO (ttftSloSeconds), which says how long a wait is too long:
-        past a knee, half of it queued; healthy, a quarter of it to the first token on average."""
+        past a knee, half of it queued; healthy, a quarter of it to the first token on average.
+        ``ttft_slo_quantile``: the share of requests held to it (ttftSloQuantile)."""
         self.config = config or DemandConfig()
+        self.slo_quantile = ttft_slo_quantile
         self.queue_knee_s = QUEUE_KNEE_SLO_SHARE * ttft_slo_s if ttft_slo_s is not None else DEFAULT_QUEUE_KNEE_S
         self.healthy_ttft_s = (
             HEALTHY_TTFT_SHARE * ttft_slo_s if ttft_slo_s is not None else HEALTHY_TTFT_SHARE * DEFAULT_TTFT_SLO_S
@@ -371,8 +377,10 @@ class DemandTracker:
         self.bin_s = bin_seconds(scrape_interval)
         self._last: dict[str, _Last] = {}
         self._bins: deque[_Bin] = deque()
-        # (t, url, req/s, the fleet's mix then: tokens per request or None)
-        self._capacity: deque[tuple[float, str, float, Mix | None]] = deque(maxlen=CAPACITY_SAMPLES)
+        # (t, url, req/s, the fleet's mix then: tokens per request or None, the batch slots it was capped at
+        # or None: see _slot_bound)
+        self._capacity: deque[tuple[float, str, float, Mix | None, float | None]] = deque(maxlen=CAPACITY_SAMPLES)
+        self._peak_batch: dict[str, float] = {}  # the largest running batch each replica has shown
         self._startups: deque[float] = deque(maxlen=STARTUP_SAMPLES)
         self._pending_starts: deque[float] = deque()
         self._starting: int | None = None
@@ -469,6 +477,17 @@ class DemandTracker:
                 and r.preemptions_total > last.preemptions
             )
             took = finished - last.finished + running - last.running  # finished + growth of the batch
+            peak = self._peak_batch[r.url] = max(self._peak_batch.get(r.url, 0.0), running)
+            # a queue kept behind a batch pinned at the largest it has held, with KV to spare: the batch's
+            # slots (max_num_seqs) are what binds, and requests queue for a free one (_within_slo)
+            slot_bound = (
+                not preempted
+                and nonneg(kv) < SATURATED_KV
+                and waiting >= 1.0
+                and last.waiting >= 1.0
+                and running == last.running
+                and running >= peak
+            )
             wait = _mean_wait(r.queue_count, r.queue_sum_s, last.queue_count, last.queue_sum)
             ttft = _mean_wait(r.ttft_count, r.ttft_sum_s, last.ttft_count, last.ttft_sum)
             # a replica still filling its batch (after a burst) takes in more than it can keep serving
@@ -480,7 +499,7 @@ class DemandTracker:
             own.append((now, came, dt))
             _keep_covering(own, now - self.config.served_window_s)
             if finished > last.finished and saturated:
-                self._capacity.append((now, r.url, max(0.0, took) / dt, self.mix(now)))
+                self._capacity.append((now, r.url, max(0.0, took) / dt, self.mix(now), running if slot_bound else None))
                 if not filling:
                     span = math.fsum(d for _, _, d in own)
                     rate = math.fsum(a for _, a, _ in own) / span if span >= self.config.served_window_s - 1e-9 else 0.0
@@ -502,6 +521,7 @@ class DemandTracker:
             self._tokens.pop(gone, None)
             self._intervals.pop(gone, None)  # a failed scrape breaks the healthy run
             self._own.pop(gone, None)
+            self._peak_batch.pop(gone, None)
         for left in set(self._first_seen) - members:
             del self._first_seen[left]
         if arrivals > 0:
@@ -665,8 +685,8 @@ class DemandTracker:
         if configured is not None:
             return configured, "configured"
         mix = self.mix(now) if now is not None else None
-        fresh = [c for t, _, c, m in self._capacity if _describes(t, m, now, mix)]
-        learned = statistics.median(fresh) if len(fresh) >= MIN_CAPACITY_SAMPLES else 0.0
+        fresh = [(c, slots) for t, _, c, m, slots in self._capacity if _describes(t, m, now, mix)]
+        learned = self._within_slo(fresh) if len(fresh) >= MIN_CAPACITY_SAMPLES else 0.0
         tipped, served = self.tipped(now), self.served(now)
         if tipped is not None and served is not None:  # readings are kept only when positive
             # the load per replica at which the fleet's replicas went past their knee is steadier than what
@@ -687,6 +707,22 @@ class DemandTracker:
         if prior is not None:
             return prior, "provisional"
         return None, "unknown"
+
+    def _within_slo(self, readings: list[tuple[float, float | None]]) -> float:
+        """The median of what replicas took in past their knee, each reading as the rate served within the SLO.
+
+        Where a full KV pool or the prefill budget binds, the knee is a cliff and what a replica takes in
+        past it is within a few percent of its rate at the SLO (the step model; docs/replay.md). Where a
+        batch cap binds (a queue behind a batch pinned at its largest, KV to spare: ``max_num_seqs``), a
+        request waits for one of a few slots, each held for a whole answer: a vLLM CPU engine capped at 16
+        sequences served 0.57-0.81 of its saturated throughput within a 1 s TTFT SLO (issue #30), and the
+        raw reading sat 11-60 % above its capacity. Those readings are taken as the queue of that many
+        slots at random arrivals, with the SLO's share of requests waiting at most the queue knee (half the
+        TTFT SLO; ``keda_llm_scaler.queueing``)."""
+        return statistics.median(
+            c if slots is None else rate_within_wait(c, slots, self.queue_knee_s, self.slo_quantile)
+            for c, slots in readings
+        )
 
     def startup(self, configured: float | None) -> tuple[float, str]:
         if configured is not None:

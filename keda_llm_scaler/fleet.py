@@ -205,7 +205,9 @@ class FleetState:
         self.window_s = max(DEFAULT_WINDOW_S, 3 * scrape_interval)
         self._replicas: dict[str, _ReplicaState] = {}
         self._urls: list[str] = []
-        self.demand = DemandTracker(scrape_interval, demand or demand_config(params), retain_s, params.ttft_slo_s)
+        self.demand = DemandTracker(
+            scrape_interval, demand or demand_config(params), retain_s, params.ttft_slo_s, params.ttft_slo_quantile
+        )
 
     def update(
         self, now: float, observations: Iterable[Observation], starting: int = 0, startups: Iterable[float] = ()

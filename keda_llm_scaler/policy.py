@@ -54,7 +54,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from keda_llm_scaler.demand import DEMAND_WINDOW_S, SERVED_WINDOW_PARTS, DemandEstimate, nonneg
+from keda_llm_scaler.demand import (
+    DEFAULT_SLO_QUANTILE,
+    DEMAND_WINDOW_S,
+    SERVED_WINDOW_PARTS,
+    DemandEstimate,
+    nonneg,
+)
 from keda_llm_scaler.errors import NoFreshData
 
 __all__ = [
@@ -95,7 +101,7 @@ class ScoringParams:
     replica_capacity: float | None = None  # requests/s one replica serves within the SLO; None: learn it
     startup_s: float | None = None  # seconds from created to ready; None: learn it
     ttft_slo_s: float | None = None
-    ttft_slo_quantile: float = 0.95
+    ttft_slo_quantile: float = DEFAULT_SLO_QUANTILE
     demand_window_s: float = DEMAND_WINDOW_S  # the demand's calm window (the others follow: DemandConfig)
 
 
