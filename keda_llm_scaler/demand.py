@@ -39,7 +39,10 @@ A replica's capacity (requests/s it serves within the SLO), in order of preceden
 * learned: a replica that keeps a queue while its KV pool is full or it preempts is past its knee, and
   the rate at which it takes requests into its batch then (finished + growth of the running batch) is
   what it can serve — on the engines' step model the knee is a cliff, and throughput past it is within
-  3 % of the rate at the SLO. The median of the last CAPACITY_SAMPLES such readings with requests
+  3 % of the rate at the SLO. Not where a batch cap binds (a queue behind a batch at its largest, KV to
+  spare: ``max_num_seqs``): requests queue for one of a few slots, and such a reading is taken as
+  the rate those slots serve within the SLO (``_within_slo``, ``keda_llm_scaler.queueing``). The median of
+  the last CAPACITY_SAMPLES such readings with requests
   finishing (a stuck engine teaches nothing), none older than SAMPLE_MAX_AGE_S; spread needs 3 bins of
   the calm window and growth 6 of the trend window;
 * tipped: at the onset of each episode in which a replica went past its knee (none had for 30 s), the
@@ -91,6 +94,7 @@ KV_KNEE_SHAPE: Final = 0.07  # b in u = kv (1 + b) / (kv + b): see kv_utilizatio
 MIN_PROVISIONAL_UTILIZATION: Final = 0.2
 DEFAULT_STARTUP_S: Final = 180.0  # until one start-up is seen: a 70B start on a warm node is 3-5 min
 SATURATED_KV: Final = 0.9
+BATCH_CAP_TOLERANCE: Final = 0.25  # within a quarter (or one request) of the largest batch it has held: at its cap
 DEFAULT_TTFT_SLO_S: Final = 2.0  # without ttftSloSeconds: what an interactive endpoint is held to
 DEFAULT_SLO_QUANTILE: Final = 0.95  # without ttftSloQuantile (ScoringParams' default)
 DEFAULT_QUEUE_KNEE_S: Final = 1.0  # without a TTFT SLO: a second in the queue is past any chat knee
@@ -378,7 +382,7 @@ class DemandTracker:
         self._last: dict[str, _Last] = {}
         self._bins: deque[_Bin] = deque()
         # (t, url, req/s, the fleet's mix then: tokens per request or None, the batch slots it was capped at
-        # or None: see _slot_bound)
+        # or None where no batch cap bound: see slot_bound in observe)
         self._capacity: deque[tuple[float, str, float, Mix | None, float | None]] = deque(maxlen=CAPACITY_SAMPLES)
         self._peak_batch: dict[str, float] = {}  # the largest running batch each replica has shown
         self._startups: deque[float] = deque(maxlen=STARTUP_SAMPLES)
@@ -442,6 +446,7 @@ class DemandTracker:
                 r.ttft_count,
                 r.ttft_sum_s,
             )
+            peak = self._peak_batch[r.url] = max(self._peak_batch.get(r.url, 0.0), running)
             prompt_tokens, generation_tokens = _count(r.prompt_tokens_total), _count(r.generation_tokens_total)
             if last is None:
                 self._tokens[r.url] = (prompt_tokens, generation_tokens)
@@ -477,21 +482,19 @@ class DemandTracker:
                 and r.preemptions_total > last.preemptions
             )
             took = finished - last.finished + running - last.running  # finished + growth of the batch
-            peak = self._peak_batch[r.url] = max(self._peak_batch.get(r.url, 0.0), running)
-            # a queue kept behind a batch pinned at the largest it has held, with KV to spare: the batch's
-            # slots (max_num_seqs) are what binds, and requests queue for a free one (_within_slo)
-            slot_bound = (
-                not preempted
-                and nonneg(kv) < SATURATED_KV
-                and waiting >= 1.0
-                and last.waiting >= 1.0
-                and running == last.running
-                and running >= peak
-            )
             wait = _mean_wait(r.queue_count, r.queue_sum_s, last.queue_count, last.queue_sum)
             ttft = _mean_wait(r.ttft_count, r.ttft_sum_s, last.ttft_count, last.ttft_sum)
-            # a replica still filling its batch (after a burst) takes in more than it can keep serving
-            filling = running > FILLING_SHARE * max(last.running, 1.0)
+            # near the largest batch it has held, not at it: vLLM's gauge is the last step's batch, which
+            # requests of one length finishing together leave a few short (13-16 of 16 on a CPU engine)
+            near_cap = peak - max(1.0, BATCH_CAP_TOLERANCE * peak)
+            at_cap = running >= near_cap
+            # a queue kept behind a batch at its cap, with KV to spare: the batch's slots (max_num_seqs) are
+            # what binds, and requests queue for a free one (_within_slo)
+            kept_queue = waiting >= 1.0 and last.waiting >= 1.0
+            slot_bound = at_cap and kept_queue and not preempted and nonneg(kv) < SATURATED_KV
+            # a replica still filling its batch (after a burst) takes in more than it can keep serving; a batch
+            # refilling to its cap after some of it finished is not filling
+            filling = running > FILLING_SHARE * max(last.running, 1.0) and not (at_cap and last.running >= near_cap)
             saturated = is_saturated(
                 waiting, last.waiting, running, nonneg(kv), preempted, None if filling else wait, self.queue_knee_s
             )
@@ -499,7 +502,7 @@ class DemandTracker:
             own.append((now, came, dt))
             _keep_covering(own, now - self.config.served_window_s)
             if finished > last.finished and saturated:
-                self._capacity.append((now, r.url, max(0.0, took) / dt, self.mix(now), running if slot_bound else None))
+                self._capacity.append((now, r.url, max(0.0, took) / dt, self.mix(now), peak if slot_bound else None))
                 if not filling:
                     span = math.fsum(d for _, _, d in own)
                     rate = math.fsum(a for _, a, _ in own) / span if span >= self.config.served_window_s - 1e-9 else 0.0
@@ -713,7 +716,7 @@ class DemandTracker:
 
         Where a full KV pool or the prefill budget binds, the knee is a cliff and what a replica takes in
         past it is within a few percent of its rate at the SLO (the step model; docs/replay.md). Where a
-        batch cap binds (a queue behind a batch pinned at its largest, KV to spare: ``max_num_seqs``), a
+        batch cap binds (a queue behind a batch at its largest, KV to spare: ``max_num_seqs``), a
         request waits for one of a few slots, each held for a whole answer: a vLLM CPU engine capped at 16
         sequences served 0.57-0.81 of its saturated throughput within a 1 s TTFT SLO (issue #30), and the
         raw reading sat 11-60 % above its capacity. Those readings are taken as the queue of that many
