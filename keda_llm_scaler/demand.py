@@ -381,9 +381,8 @@ class DemandTracker:
         self.bin_s = bin_seconds(scrape_interval)
         self._last: dict[str, _Last] = {}
         self._bins: deque[_Bin] = deque()
-        # (t, url, req/s, the fleet's mix then: tokens per request or None, the batch slots it was capped at
-        # or None where no batch cap bound: see slot_bound in observe)
-        self._capacity: deque[tuple[float, str, float, Mix | None, float | None]] = deque(maxlen=CAPACITY_SAMPLES)
+        # (t, url, req/s within the SLO (_within_slo), the fleet's mix then: tokens per request or None)
+        self._capacity: deque[tuple[float, str, float, Mix | None]] = deque(maxlen=CAPACITY_SAMPLES)
         self._peak_batch: dict[str, float] = {}  # the largest running batch each replica has shown
         self._startups: deque[float] = deque(maxlen=STARTUP_SAMPLES)
         self._pending_starts: deque[float] = deque()
@@ -502,7 +501,8 @@ class DemandTracker:
             own.append((now, came, dt))
             _keep_covering(own, now - self.config.served_window_s)
             if finished > last.finished and saturated:
-                self._capacity.append((now, r.url, max(0.0, took) / dt, self.mix(now), peak if slot_bound else None))
+                reading = self._within_slo(max(0.0, took) / dt, peak if slot_bound else None)
+                self._capacity.append((now, r.url, reading, self.mix(now)))
                 if not filling:
                     span = math.fsum(d for _, _, d in own)
                     rate = math.fsum(a for _, a, _ in own) / span if span >= self.config.served_window_s - 1e-9 else 0.0
@@ -688,8 +688,8 @@ class DemandTracker:
         if configured is not None:
             return configured, "configured"
         mix = self.mix(now) if now is not None else None
-        fresh = [(c, slots) for t, _, c, m, slots in self._capacity if _describes(t, m, now, mix)]
-        learned = self._within_slo(fresh) if len(fresh) >= MIN_CAPACITY_SAMPLES else 0.0
+        fresh = [c for t, _, c, m in self._capacity if _describes(t, m, now, mix)]
+        learned = statistics.median(fresh) if len(fresh) >= MIN_CAPACITY_SAMPLES else 0.0
         tipped, served = self.tipped(now), self.served(now)
         if tipped is not None and served is not None:  # readings are kept only when positive
             # the load per replica at which the fleet's replicas went past their knee is steadier than what
@@ -711,8 +711,8 @@ class DemandTracker:
             return prior, "provisional"
         return None, "unknown"
 
-    def _within_slo(self, readings: list[tuple[float, float | None]]) -> float:
-        """The median of what replicas took in past their knee, each reading as the rate served within the SLO.
+    def _within_slo(self, took_rps: float, capped_slots: float | None) -> float:
+        """What a replica took in past its knee, as the rate it serves within the SLO (once, as it is read).
 
         Where a full KV pool or the prefill budget binds, the knee is a cliff and what a replica takes in
         past it is within a few percent of its rate at the SLO (the step model; docs/replay.md). Where a
@@ -721,11 +721,10 @@ class DemandTracker:
         sequences served 0.57-0.81 of its saturated throughput within a 1 s TTFT SLO (issue #30), and the
         raw reading sat 11-60 % above its capacity. Those readings are taken as the queue of that many
         slots at random arrivals, with the SLO's share of requests waiting at most the queue knee (half the
-        TTFT SLO; ``keda_llm_scaler.queueing``)."""
-        return statistics.median(
-            c if slots is None else rate_within_wait(c, slots, self.queue_knee_s, self.slo_quantile)
-            for c, slots in readings
-        )
+        TTFT SLO; ``keda_llm_scaler.queueing``). ``capped_slots``: the cap where one binds, else None."""
+        if capped_slots is None:
+            return took_rps
+        return rate_within_wait(took_rps, capped_slots, self.queue_knee_s, self.slo_quantile)
 
     def startup(self, configured: float | None) -> tuple[float, str]:
         if configured is not None:

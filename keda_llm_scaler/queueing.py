@@ -22,7 +22,6 @@ prediction of one.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from typing import Final
 
 __all__ = ["erlang_c", "rate_within_wait"]
@@ -46,7 +45,6 @@ def erlang_c(servers: int, offered: float) -> float:
     return servers * blocking / (servers - offered * (1.0 - blocking))
 
 
-@lru_cache(maxsize=1024)  # read every scrape, from a median that changes only with a new sample
 def rate_within_wait(throughput: float, slots: float, wait_s: float, quantile: float) -> float:
     """The arrival rate at which at most ``1 - quantile`` of requests wait longer than ``wait_s``, on a replica
     that serves ``throughput`` requests/s with ``slots`` requests in its batch (rounded, at least 1)."""
