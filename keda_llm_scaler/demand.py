@@ -22,8 +22,9 @@ From the fleet's arrivals per bin of ``bin_s`` seconds (10 s at the default 5 s 
     spread   = the bins' spread over the calm window, as a robust standard deviation (1.4826 x the
                median absolute deviation): the everyday burstiness the SLO time scale sees — Poisson
                noise on a smooth day, second-scale clumps on chat traffic — which a rare burst of a
-               few bins does not inflate; while the window's least-squares trend falls, the deviations
-               are taken around that trend (a falling load is not spread; a rising one is kept in it)
+               few bins does not inflate; while the window's least-squares trend falls, the spread of
+               its bin-to-bin steps (a falling load, or one that stepped down, is not spread; a rising
+               one is kept in it: ``_spread``)
     growth   = the trend over the last 360 s (least squares), projected over one replica start-up,
                never negative and at most growth_cap (0.2) x offered, so noise cannot inflate it
     need     = offered + growth + headroom_sigmas (2) x spread                    (requests/s)
@@ -64,6 +65,7 @@ delays is the horizon (DEFAULT_STARTUP_S until one is seen).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import statistics
 from collections import deque
@@ -190,15 +192,31 @@ class DemandEstimate:
         return _ratio(self.need_rps, None if self.served_rps is None else self.served_rps * target_utilization)
 
 
-def _falling_residuals(points: list[tuple[float, float]]) -> list[float] | None:
-    """The rates less their least-squares line over time when it falls (None when it does not, or with
-    fewer than 3 points): the spread of a falling load around its trend, not around its median."""
+def _spread(points: list[tuple[float, float]]) -> float:
+    """The load's everyday spread over ``points`` (time, rate): the median absolute deviation, scaled to a
+    standard deviation on normal noise, so a burst of a few bins does not read as the fleet's spread (0 with
+    fewer than 3 points).
+
+    A rising or flat load: around its median. A rise stays in the spread: growth is capped, and a rise is
+    where headroom pays. A falling load: of its bin-to-bin steps (over sqrt 2: the difference of two bins
+    holds the noise of both), not around its median nor around a fitted line. A load falling through the
+    window is not burstiness, and neither is a step down (a load ending, a burst passing): around a line it
+    leaves residuals of half the step on either side, read as spread the composite peaked just as the load
+    ebbed (on real engines, 9.1 -> 12.9 replica-equivalents as an overload stopped), and the HPA then holds
+    that peak for its scale-down window. The steps of a smooth fall are all alike, and a step down is one
+    outlier among them: the median ignores both."""
     if len(points) < 3:
-        return None
-    slope, mt = _slope(points)
-    if not slope < 0:
-        return None
-    return [r - slope * (t - mt) for t, r in points]
+        return 0.0
+    slope, _ = _slope(points)
+    if slope < 0:
+        steps = [b - a for (_, a), (_, b) in itertools.pairwise(points)]
+        return _mad_sigma(steps) / math.sqrt(2.0)
+    return _mad_sigma([r for _, r in points])
+
+
+def _mad_sigma(values: list[float]) -> float:
+    mid = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - mid) for v in values)
 
 
 def _slope(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -748,20 +766,9 @@ class DemandTracker:
         if len(window) < 2 or not all(b.complete for b in window):
             return None
         rates = [(b.end, b.rate) for b in window]
-        calm = [r for t, r in rates if t > now - c.calm_window_s] or [rates[-1][1]]
-        offered = math.fsum(calm) / len(calm)
-        if len(calm) < 3:
-            spread = 0.0
-        else:
-            # median absolute deviation, scaled to a standard deviation on normal noise: a burst of a
-            # few bins does not read as the fleet's everyday spread. Around the calm window's falling
-            # trend, not its median: a load falling through the window is not burstiness, and read as
-            # spread it peaks the composite just as the load ebbs (the HPA then holds that peak for its
-            # scale-down window). A rising trend stays in the spread: growth is capped, and a rise is
-            # where headroom pays.
-            residuals = _falling_residuals([(t, r) for t, r in rates if t > now - c.calm_window_s]) or calm
-            mid = statistics.median(residuals)
-            spread = 1.4826 * statistics.median(abs(r - mid) for r in residuals)
+        recent = [(t, r) for t, r in rates if t > now - c.calm_window_s] or [rates[-1]]
+        offered = math.fsum(r for _, r in recent) / len(recent)
+        spread = _spread(recent)
         horizon, horizon_source = self.startup(startup_s)
         trend = [(t, r) for t, r in rates if t > now - c.trend_window_s]
         growth = 0.0

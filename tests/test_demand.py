@@ -590,15 +590,48 @@ def test_without_a_known_knee_a_fleet_is_held_not_grown() -> None:
     assert configured.value == pytest.approx(40.0 / (9.0 * 0.9), abs=0.001)
 
 
-def test_spread_of_a_falling_load_is_taken_around_its_trend() -> None:
-    from keda_llm_scaler.demand import _falling_residuals
+def test_spread_of_a_falling_load_is_its_bin_to_bin_noise() -> None:
+    from keda_llm_scaler.demand import _spread
 
-    # 10, 8, 6 req/s over 20 s: slope -0.2/s, mean time 10 s -> residuals r - slope (t - 10) = 8, 8, 8
-    assert _falling_residuals([(0.0, 10.0), (10.0, 8.0), (20.0, 6.0)]) == pytest.approx([8.0, 8.0, 8.0])
-    # a rising or flat load keeps its deviations around the median (None: the caller's default)
-    assert _falling_residuals([(0.0, 6.0), (10.0, 8.0), (20.0, 10.0)]) is None
-    assert _falling_residuals([(0.0, 5.0), (10.0, 5.0), (20.0, 5.0)]) is None
-    assert _falling_residuals([(0.0, 10.0), (10.0, 8.0)]) is None  # too few to fit a line
+    # a smooth fall (10, 8, 6, 4 req/s): every step alike, no spread; around its median it read 2.97
+    assert _spread([(0.0, 10.0), (10.0, 8.0), (20.0, 6.0), (30.0, 4.0)]) == pytest.approx(0.0)
+    # a load that stepped to zero (an overload ending): one step among flat bins is no spread; around a
+    # fitted line it left residuals of about half the step (the composite rose as the load stopped)
+    stepped = [(10.0 * k, 15.0 if k < 6 else 0.0) for k in range(9)]
+    assert _spread(stepped) == pytest.approx(0.0)
+    # noise on a falling load is kept: steps alternating -1, -3 (around a fall of 2 per bin) read
+    # 1.4826 x 1 / sqrt 2
+    noisy = [(0.0, 20.0), (10.0, 19.0), (20.0, 16.0), (30.0, 15.0), (40.0, 12.0)]
+    assert _spread(noisy) == pytest.approx(1.4826 / 2**0.5)
+    # a rising or flat load keeps its deviations around the median
+    assert _spread([(0.0, 6.0), (10.0, 8.0), (20.0, 10.0)]) == pytest.approx(1.4826 * 2.0)
+    assert _spread([(0.0, 5.0), (10.0, 5.0), (20.0, 5.0)]) == 0.0
+    assert _spread([(0.0, 10.0), (10.0, 8.0)]) == 0.0  # too few to tell
+
+
+def test_the_need_does_not_rise_when_a_load_stops() -> None:
+    """A steady 15 req/s that stops: the need falls with the calm window's mean and never rises above what
+    it was while the load ran (on real engines the spread around a fitted line peaked the composite just
+    as an overload stopped)."""
+    tr = DemandTracker(5.0)
+    t, done = 0.0, 0.0
+    running = None
+    needs = []
+    for k in range(48):
+        done += 15.0 * 5.0 if k < 36 else 0.0
+        t += 5.0
+        tr.observe(t, ["a"], [counters("a", done, kv=0.1)])
+        if k == 35:
+            running = tr.estimate(t)
+            assert running is not None and running.need_rps == pytest.approx(15.0)
+            continue
+        if k < 36:
+            continue
+        est = tr.estimate(t)
+        assert est is not None
+        needs.append(est.need_rps)
+    assert max(needs) <= running.need_rps
+    assert needs[-1] < needs[0]
 
 
 def test_real_scrapes_off_exact_ticks_still_read_what_a_replica_served() -> None:
