@@ -156,6 +156,9 @@ class ReplicaCounters:
     ttft_sum_s: float | None = None
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
+    # the spread of how long its requests held a batch slot, lately (squared coefficient of variation,
+    # keda_llm_scaler.queueing.service_scv); None: not exported or too few to tell
+    hold_time_scv: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -519,7 +522,7 @@ class DemandTracker:
             own.append((now, came, dt))
             _keep_covering(own, now - self.config.served_window_s)
             if finished > last.finished and saturated:
-                reading = self._within_slo(max(0.0, took) / dt, peak if slot_bound else None)
+                reading = self._within_slo(max(0.0, took) / dt, peak if slot_bound else None, r.hold_time_scv)
                 self._capacity.append((now, r.url, reading, self.mix(now)))
                 if not filling:
                     span = math.fsum(d for _, _, d in own)
@@ -729,7 +732,7 @@ class DemandTracker:
             return prior, "provisional"
         return None, "unknown"
 
-    def _within_slo(self, took_rps: float, capped_slots: float | None) -> float:
+    def _within_slo(self, took_rps: float, capped_slots: float | None, hold_scv: float | None = None) -> float:
         """What a replica took in past its knee, as the rate it serves within the SLO (once, as it is read).
 
         Where a full KV pool or the prefill budget binds, the knee is a cliff and what a replica takes in
@@ -739,10 +742,12 @@ class DemandTracker:
         sequences served 0.57-0.81 of its saturated throughput within a 1 s TTFT SLO (issue #30), and the
         raw reading sat 11-60 % above its capacity. Those readings are taken as the queue of that many
         slots at random arrivals, with the SLO's share of requests waiting at most the queue knee (half the
-        TTFT SLO; ``keda_llm_scaler.queueing``). ``capped_slots``: the cap where one binds, else None."""
+        TTFT SLO; ``keda_llm_scaler.queueing``), its waits scaled by the spread of how long requests held a
+        slot where the engine exports it (``hold_scv``; else read as exponential): answers of one length
+        wait about half as long. ``capped_slots``: the cap where one binds, else None."""
         if capped_slots is None:
             return took_rps
-        return rate_within_wait(took_rps, capped_slots, self.queue_knee_s, self.slo_quantile)
+        return rate_within_wait(took_rps, capped_slots, self.queue_knee_s, self.slo_quantile, hold_scv)
 
     def startup(self, configured: float | None) -> tuple[float, str]:
         if configured is not None:

@@ -15,6 +15,7 @@ from typing import Final
 from keda_llm_scaler.demand import DemandConfig, DemandEstimate, DemandTracker, ReplicaCounters
 from keda_llm_scaler.errors import NoFreshData
 from keda_llm_scaler.policy import Composite, ReplicaInput, ScoringParams, composite
+from keda_llm_scaler.queueing import service_scv
 from keda_llm_scaler.rates import DEFAULT_WINDOW_S, CounterWindow, HistogramWindow, SeriesCounter, SeriesHistogram
 from keda_llm_scaler.signals import Histogram, ReplicaSignals, histogram_quantile
 
@@ -91,6 +92,7 @@ class _ReplicaState:
     preemptions: CounterWindow = field(init=False)
     ttft: HistogramWindow = field(init=False)
     queue_time: HistogramWindow = field(init=False)
+    hold_time: HistogramWindow = field(init=False)
     counters: dict[str, SeriesCounter] = field(default_factory=dict)
     histograms: dict[str, SeriesHistogram] = field(default_factory=dict)
     totals: dict[str, float | None] = field(default_factory=dict)  # this scrape's, resets per series
@@ -101,6 +103,7 @@ class _ReplicaState:
         self.preemptions = CounterWindow(self.window_s)
         self.ttft = HistogramWindow(self.window_s)
         self.queue_time = HistogramWindow(self.window_s)
+        self.hold_time = HistogramWindow(self.window_s)
 
     def absorb(self, obs: Observation, now: float) -> None:
         self.reason, self.detail = obs.reason, obs.detail
@@ -129,13 +132,21 @@ class _ReplicaState:
         for name, hwindow, hist, hseries in (
             ("ttft", self.ttft, s.ttft, s.ttft_series),
             ("queue_time", self.queue_time, s.queue_time, s.queue_time_series),
+            ("hold_time", self.hold_time, s.hold_time, s.hold_time_series),
         ):
             if hseries:  # resets per series: one engine restarting keeps the pod's reading
                 hist = self.histograms.setdefault(name, SeriesHistogram()).observe(dict(hseries))
             if hist is not None:
                 hwindow.observe(now, hist)
-                prefix = "queue" if name == "queue_time" else "ttft"
-                self.totals[f"{prefix}_count"], self.totals[f"{prefix}_sum"] = hist.count, hist.sum
+                if name != "hold_time":  # read as its recent window's spread (hold_time_scv), not totals
+                    prefix = "queue" if name == "queue_time" else "ttft"
+                    self.totals[f"{prefix}_count"], self.totals[f"{prefix}_sum"] = hist.count, hist.sum
+
+    def hold_time_scv(self) -> float | None:
+        """The spread of how long this replica's requests held a batch slot over the window (None: not
+        exported, or too few finished to tell)."""
+        delta = self.hold_time.delta()
+        return None if delta is None else service_scv(delta.buckets)
 
     def report(self, now: float, stale_after: float) -> ReplicaReport:
         if self.reason is None and self.last_ok == now:
@@ -249,6 +260,7 @@ class FleetState:
                     ttft_sum_s=self._replicas[o.url].totals.get("ttft_sum"),
                     prompt_tokens_total=self._replicas[o.url].totals.get("prompt_tokens"),
                     generation_tokens_total=self._replicas[o.url].totals.get("generation_tokens"),
+                    hold_time_scv=self._replicas[o.url].hold_time_scv(),
                 )
                 for o in obs
                 if o.signals is not None

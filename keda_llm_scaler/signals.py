@@ -112,6 +112,7 @@ class ReplicaSignals:
     generation_tokens_total: float | None = None
     ttft: Histogram | None = None
     queue_time: Histogram | None = None
+    hold_time: Histogram | None = None  # how long requests held a batch slot (vLLM only)
     # The counters' series, (counter, series key, value), counter one of "preemptions", "rejects",
     # "admitted", "prompt_tokens", "generation_tokens": resets are detected per series (one data-parallel
     # engine restarting resets only its own), not on the pod's sum (``keda_llm_scaler.rates.SeriesCounter``).
@@ -119,6 +120,7 @@ class ReplicaSignals:
     # Each series of the histograms, (series key, histogram), for the same reason.
     ttft_series: tuple[tuple[str, Histogram], ...] = ()
     queue_time_series: tuple[tuple[str, Histogram], ...] = ()
+    hold_time_series: tuple[tuple[str, Histogram], ...] = ()
 
     @classmethod
     def from_engines(cls, engine: str, engines: Sequence[EngineSignals], **extra: object) -> ReplicaSignals:

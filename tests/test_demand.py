@@ -221,7 +221,7 @@ def test_a_queue_behind_a_capped_batch_reads_as_the_rate_its_slots_serve_within_
     those slots serve with 95 % of requests queued at most half the SLO (0.5 s): ~0.7x (a vLLM CPU engine
     served 0.57-0.81x within a 1 s SLO, issue #30). The same intake with KV full is a cliff: read as is."""
 
-    def learn(kv: float) -> float | None:
+    def learn(kv: float, hold_scv: float | None = None) -> float | None:
         tr = DemandTracker(5.0, ttft_slo_s=1.0)
         finished = 0.0
         for k in range(9):
@@ -229,7 +229,9 @@ def test_a_queue_behind_a_capped_batch_reads_as_the_rate_its_slots_serve_within_
             # the requests leaving the queue waited 3 s each: past the knee whatever KV reads. vLLM's gauge is
             # the last step's batch: requests of one length finish together, so it reads 13-16 of 16
             running = 16.0 - 3.0 * (k % 2)
-            queued = ReplicaCounters("a", finished, 0.0, 30.0, running, kv, 0.0, finished, 3.0 * finished)
+            queued = ReplicaCounters(
+                "a", finished, 0.0, 30.0, running, kv, 0.0, finished, 3.0 * finished, hold_time_scv=hold_scv
+            )
             tr.observe(5.0 * k, ["a"], [queued])
         cap, source = tr.capacity(None, 40.0)
         assert source == "learned"
@@ -240,6 +242,13 @@ def test_a_queue_behind_a_capped_batch_reads_as_the_rate_its_slots_serve_within_
     assert capped == pytest.approx(rate_within_wait(5.3, 16, 0.5, 0.95), rel=0.05)
     assert 0.6 * 5.3 < capped < 0.8 * 5.3
     assert learn(kv=0.99) == pytest.approx(5.3)
+    # answers of one length (the engine's hold-time histogram reads no spread): waits about half as long,
+    # so the slots serve more within the SLO (the held-out engine read 2.03 against a sweep of 2.71 as
+    # exponential); an unknown spread is read as exponential
+    fixed = learn(kv=0.2, hold_scv=0.04)
+    assert fixed == pytest.approx(rate_within_wait(5.3, 16, 0.5, 0.95, 0.04), rel=0.05)
+    assert capped is not None and fixed is not None and fixed > 1.05 * capped
+    assert learn(kv=0.99, hold_scv=0.04) == pytest.approx(5.3)  # a KV cliff is read as is, whatever the spread
 
 
 def test_startup_is_learned_first_in_first_out() -> None:

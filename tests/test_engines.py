@@ -24,6 +24,23 @@ def test_vllm_v1_single_engine_matches_fixture_header() -> None:
     assert r.rejects_total == 12.0  # http_requests_total{handler="/v1/...",status="5xx"}
 
 
+def test_vllm_hold_times_are_read_and_their_spread_told() -> None:
+    """vLLM's ``request_inference_time_seconds`` (how long each request held its batch slot) is read as a
+    histogram, summed over data-parallel engines; its spread feeds the queue behind a capped batch."""
+    from keda_llm_scaler.queueing import service_scv
+
+    one = read_replica(fixture_text("vllm_v1_reconstructed_latest_1engine.txt"))
+    assert one.hold_time is not None and one.hold_time.count == 200
+    assert one.hold_time.sum == pytest.approx(1964.7158935036246)
+    # 200 hold times from 0.3 s to 20 s (mean ~9.8 s): a spread, but narrower than exponential
+    scv = service_scv(one.hold_time.buckets)
+    assert scv is not None and 0.2 < scv < 0.5
+    dp4 = read_replica(fixture_text("vllm_v1_reconstructed_v0.10_dp4.txt"))
+    assert dp4.hold_time is not None and len(dp4.hold_time_series) == 4
+    assert dp4.hold_time.count == sum(h.count for _, h in dp4.hold_time_series)
+    assert read_replica(fixture_text("sglang_v0.4.x_docs-production-metrics-md.txt")).hold_time is None
+
+
 def test_vllm_v010_data_parallel_engines_and_both_kv_names() -> None:
     text = fixture_text("vllm_v1_reconstructed_v0.10_dp4.txt")
     assert _engines(text) == [

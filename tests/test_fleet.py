@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from keda_llm_scaler.fleet import EXPIRED, FRESH, FleetState, Observation
@@ -63,6 +65,40 @@ def test_one_data_parallel_engine_restarting_keeps_the_pods_ttft_reading() -> No
     fleet.update(4.0, [Observation("pod", payload([*fast, *[3.0] * 10, *more], [3.0] * 2 + more))])
     snap = fleet.evaluate(4.0)
     assert snap.ttft_p95_s is not None and snap.ttft_p95_s < 0.5  # the window: 400 fast, the same 12 slow
+
+
+def test_the_spread_of_a_pods_recent_hold_times_reaches_the_demand() -> None:
+    """How long a pod's requests held a batch slot, over the rate window only: 100 answers of every length
+    long ago, then 200 of one length (2.6-2.9 s) lately. The demand reads the recent ones' narrow spread,
+    not the old ones' wide one, and nothing for an engine that does not export the histogram."""
+    from keda_llm_scaler.engines import read_replica
+    from keda_llm_scaler.queueing import service_scv
+    from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+
+    seen: list[float | None] = []
+    fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=2.0)
+    observe = fleet.demand.observe
+
+    def spy(now: float, urls: object, counters: object, starting: int = 0) -> None:
+        counters = list(counters)  # type: ignore[call-overload]
+        seen.append(counters[0].hold_time_scv)
+        observe(now, urls, counters, starting)  # type: ignore[arg-type]
+
+    fleet.demand.observe = spy  # type: ignore[method-assign]
+    spread = [0.4 * (k + 1) for k in range(100)]  # 0.4-40 s
+    recent = [2.6 + 0.003 * k for k in range(200)]
+
+    def at(t: float, holds: list[float]) -> None:
+        fleet.update(t, [Observation("pod", read_replica(vllm_v1([EngineLoad(5, 16, 0.3)], hold_observations=holds)))])
+
+    at(0.0, spread)
+    at(100.0, spread)  # a window (60 s) later: nothing new
+    at(102.0, [*spread, *recent])
+    assert seen[0] is None  # one snapshot: no window yet
+    assert seen[1] is None  # nothing finished in the window: too few to tell
+    narrow = service_scv([(2.5, 0.0), (5.0, 200.0), (math.inf, 200.0)])
+    assert seen[2] == pytest.approx(narrow) and seen[2] < 0.1
+    assert service_scv(read_replica(vllm_v1(hold_observations=spread)).hold_time.buckets) > 0.2  # type: ignore[union-attr]
 
 
 def test_series_histogram_sums_increases_per_series() -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from keda_llm_scaler.queueing import erlang_c, rate_within_wait
+from keda_llm_scaler.queueing import MAX_SERVICE_SCV, erlang_c, rate_within_wait, service_scv
 
 
 def test_erlang_c_matches_the_closed_forms() -> None:
@@ -58,3 +58,39 @@ def test_nothing_served_reads_nothing_and_bad_input_is_refused() -> None:
         rate_within_wait(5.0, 16, 1.0, 1.0)
     with pytest.raises(ValueError, match="servers"):
         erlang_c(0, 1.0)
+
+
+def test_answers_of_one_length_wait_about_half_as_long() -> None:
+    """Allen-Cunneen: an M/G/c queue waits (1 + scv) / 2 times an M/M/c one's, so with no spread in hold
+    times the rate within a wait is the exponential one's within twice that wait."""
+    exponential = rate_within_wait(5.0, 16, 0.5, 0.95)
+    assert rate_within_wait(5.0, 16, 0.5, 0.95, None) == exponential
+    assert rate_within_wait(5.0, 16, 0.5, 0.95, 1.0) == pytest.approx(exponential)
+    fixed = rate_within_wait(5.0, 16, 0.5, 0.95, 0.0)
+    assert fixed == pytest.approx(rate_within_wait(5.0, 16, 1.0, 0.95))
+    assert exponential < fixed < 5.0
+    # a heavier tail than exponential waits longer; beyond MAX_SERVICE_SCV the bucket layout speaks
+    heavy = rate_within_wait(5.0, 16, 0.5, 0.95, 3.0)
+    assert heavy < exponential
+    assert rate_within_wait(5.0, 16, 0.5, 0.95, 100.0) == rate_within_wait(5.0, 16, 0.5, 0.95, MAX_SERVICE_SCV)
+    assert rate_within_wait(5.0, 16, 0.5, 0.95, -1.0) == fixed  # clamped, never a negative spread
+    assert rate_within_wait(5.0, 16, 0.5, 0.95, math.nan) == exponential  # unknown: exponential
+
+
+def test_the_spread_of_hold_times_from_histogram_buckets() -> None:
+    inf = math.inf
+    # all 100 in (2.5, 5]: uniform there, variance 2.5^2 / 12 over a mean of 3.75 squared
+    one_bucket = [(1.0, 0.0), (2.5, 0.0), (5.0, 100.0), (inf, 100.0)]
+    assert service_scv(one_bucket) == pytest.approx((2.5**2 / 12) / 3.75**2)
+    # half in (0, 1], half in (1, 10]: means 0.5 and 5.5, second moments 1/3 and 37
+    two = [(1.0, 50.0), (10.0, 100.0), (inf, 100.0)]
+    mean, second = (0.5 + 5.5) / 2, (1 / 3 + 37.0) / 2
+    assert service_scv(two) == pytest.approx((second - mean**2) / mean**2)
+    # the +Inf bucket counts at the largest finite bound (never infinite)
+    tail = service_scv([(1.0, 50.0), (inf, 100.0)])
+    assert tail is not None and math.isfinite(tail)
+    # too few observations, or none: no spread to tell
+    assert service_scv([(5.0, 10.0), (inf, 10.0)]) is None
+    assert service_scv([(5.0, 0.0), (inf, 0.0)]) is None
+    assert service_scv([(inf, 100.0)]) is None
+    assert service_scv([]) is None

@@ -34,6 +34,9 @@ TTFT: Final = "vllm:time_to_first_token_seconds"
 PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
 GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
 QUEUE_TIME: Final = "vllm:request_queue_time_seconds"
+# How long each request held its place in the batch (prefill to last token): the spread of the slots'
+# hold times, for the queue behind a batch at its cap (keda_llm_scaler.queueing). V0 0.6+ and V1.
+HOLD_TIME: Final = "vllm:request_inference_time_seconds"
 
 
 def _engine_rank(sample: Sample) -> str:
@@ -53,6 +56,7 @@ class VllmAdapter:
         | {GENERATION_TOKENS}
         | histogram_names(TTFT)
         | histogram_names(QUEUE_TIME)
+        | histogram_names(HOLD_TIME)
     )
 
     def claims(self, samples: Samples) -> bool:
@@ -94,5 +98,5 @@ class VllmAdapter:
                 *counter_parts("prompt_tokens", prompt),
                 *counter_parts("generation_tokens", generation),
             ),
-            **histograms(samples, {"ttft": TTFT, "queue_time": QUEUE_TIME}, flt.keep),
+            **histograms(samples, {"ttft": TTFT, "queue_time": QUEUE_TIME, "hold_time": HOLD_TIME}, flt.keep),
         )

@@ -14,6 +14,11 @@ from keda_llm_scaler.sim.replica import TTFT_BUCKETS as VLLM_V1_TTFT_BUCKETS
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 # vLLM V1's layout, as the simulated replica exports it (prometheus_client adds +Inf itself)
 TTFT_BUCKETS = tuple(b for b in VLLM_V1_TTFT_BUCKETS if b != math.inf)
+# vLLM's request-latency histograms (e2e, queue, inference, prefill, decode) share these bounds
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
 
 
 @dataclass
@@ -34,6 +39,7 @@ def vllm_v1(
     ttft_observations: Sequence[float] = (),
     ttft_per_engine: Sequence[Sequence[float]] = (),  # each engine's own observations, added to the above
     kv_names: Sequence[str] = ("vllm:kv_cache_usage_perc",),
+    hold_observations: Sequence[float] = (),  # how long requests held a batch slot, on every engine
 ) -> str:
     reg = CollectorRegistry()
     labels = ["model_name", "engine"]
@@ -58,8 +64,18 @@ def vllm_v1(
         buckets=(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0),
         registry=reg,
     )
+    hold = Histogram(
+        "vllm:request_inference_time_seconds",
+        "Histogram of time spent in RUNNING phase for request.",
+        labels,
+        buckets=REQUEST_LATENCY_BUCKETS,
+        registry=reg,
+    )
     for i, e in enumerate(engines):
         rank = str(i)
+        hold.labels(model, rank)  # exported at zero before any request finished, as vLLM does
+        for obs in hold_observations:
+            hold.labels(model, rank).observe(obs)
         running.labels(model, rank).set(e.running)
         waiting.labels(model, rank).set(e.waiting)
         for g in kvs:
