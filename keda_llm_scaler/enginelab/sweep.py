@@ -62,7 +62,7 @@ def _point(
         poisson_arrivals(rate, duration_s, prompt, output, seed=round(rate * 1000) + 7919 * i, mix=mix)
         for i in range(len(urls))
     ]
-    result = _merge(asyncio.run(_each([[u] for u in urls], streams, model)))
+    result = _merge(asyncio.run(_each(urls, streams, model)))
     summary = summarize(result, slo)
     att = float(summary["slo_attainment"] or 0.0)
     print(
@@ -75,10 +75,10 @@ def _point(
 
 
 async def _each(
-    targets: Sequence[Sequence[str]], streams: Sequence[Sequence[Arrival]], model: str, timeout_s: float = 300.0
+    urls: Sequence[str], streams: Sequence[Sequence[Arrival]], model: str, timeout_s: float = 300.0
 ) -> list[LoadResult]:
-    """One load per target, all at once (each engine its own stream, as it would be in a busy fleet)."""
-    loads = (run_load(t, a, model, timeout_s=timeout_s) for t, a in zip(targets, streams, strict=True))
+    """One load per engine, all at once (each engine its own stream, as it would be in a busy fleet)."""
+    loads = (run_load([u], a, model, timeout_s=timeout_s) for u, a in zip(urls, streams, strict=True))
     return list(await asyncio.gather(*loads))
 
 
@@ -166,7 +166,7 @@ def saturated_throughput(url: str | Sequence[str], model: str, n: int, prompt: i
     Several engines: ``n`` to each at once, the mean of theirs."""
     urls = _urls(url)
     burst = [Arrival(0.0, prompt, output) for _ in range(n)]
-    results = asyncio.run(_each([[u] for u in urls], [burst] * len(urls), model, timeout_s=900))
+    results = asyncio.run(_each(urls, [burst] * len(urls), model, timeout_s=900))
     rates = [
         burst_throughput([r.sent + r.e2e_s for r in res.records if r.error is None and r.e2e_s is not None])
         for res in results
