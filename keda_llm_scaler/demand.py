@@ -159,6 +159,9 @@ class ReplicaCounters:
     # the spread of how long its requests held a batch slot, lately (squared coefficient of variation,
     # keda_llm_scaler.queueing.service_scv); None: not exported or too few to tell
     hold_time_scv: float | None = None
+    # how long its requests took to a first token outside the queue, lately (mean TTFT less mean queue
+    # wait: the prefill and the API server's own time); None: not exported or too few to tell
+    first_token_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +395,7 @@ class DemandTracker:
         ``ttft_slo_quantile``: the share of requests held to it (ttftSloQuantile)."""
         self.config = config or DemandConfig()
         self.slo_quantile = ttft_slo_quantile
+        self.ttft_slo_s = ttft_slo_s
         self.queue_knee_s = QUEUE_KNEE_SLO_SHARE * ttft_slo_s if ttft_slo_s is not None else DEFAULT_QUEUE_KNEE_S
         self.healthy_ttft_s = (
             HEALTHY_TTFT_SHARE * ttft_slo_s if ttft_slo_s is not None else HEALTHY_TTFT_SHARE * DEFAULT_TTFT_SLO_S
@@ -522,7 +526,9 @@ class DemandTracker:
             own.append((now, came, dt))
             _keep_covering(own, now - self.config.served_window_s)
             if finished > last.finished and saturated:
-                reading = self._within_slo(max(0.0, took) / dt, peak if slot_bound else None, r.hold_time_scv)
+                reading = self._within_slo(
+                    max(0.0, took) / dt, peak if slot_bound else None, r.hold_time_scv, r.first_token_s
+                )
                 self._capacity.append((now, r.url, reading, self.mix(now)))
                 if not filling:
                     span = math.fsum(d for _, _, d in own)
@@ -732,7 +738,13 @@ class DemandTracker:
             return prior, "provisional"
         return None, "unknown"
 
-    def _within_slo(self, took_rps: float, capped_slots: float | None, hold_scv: float | None = None) -> float:
+    def _within_slo(
+        self,
+        took_rps: float,
+        capped_slots: float | None,
+        hold_scv: float | None = None,
+        first_token_s: float | None = None,
+    ) -> float:
         """What a replica took in past its knee, as the rate it serves within the SLO (once, as it is read).
 
         Where a full KV pool or the prefill budget binds, the knee is a cliff and what a replica takes in
@@ -741,13 +753,20 @@ class DemandTracker:
         request waits for one of a few slots, each held for a whole answer: a vLLM CPU engine capped at 16
         sequences served 0.57-0.81 of its saturated throughput within a 1 s TTFT SLO (issue #30), and the
         raw reading sat 11-60 % above its capacity. Those readings are taken as the queue of that many
-        slots at random arrivals, with the SLO's share of requests waiting at most the queue knee (half the
-        TTFT SLO; ``keda_llm_scaler.queueing``), its waits scaled by the spread of how long requests held a
-        slot where the engine exports it (``hold_scv``; else read as exponential): answers of one length
-        wait about half as long. ``capped_slots``: the cap where one binds, else None."""
+        slots at random arrivals, with the SLO's share of requests waiting at most what the SLO leaves
+        once the first token's own time is paid (``first_token_s``: the prefill and the API server's
+        time, lately; ``keda_llm_scaler.queueing``), and never less than the queue knee (half the TTFT
+        SLO: what it was before that time was read, and what a replica whose prefill takes most of its
+        SLO is still given, as more replicas would not shorten its prefill). Its waits are scaled by the
+        spread of how long requests held a slot where the engine exports it (``hold_scv``; else read as
+        exponential): answers of one length wait about half as long. ``capped_slots``: the cap where one
+        binds, else None."""
         if capped_slots is None:
             return took_rps
-        return rate_within_wait(took_rps, capped_slots, self.queue_knee_s, self.slo_quantile, hold_scv)
+        wait_s = self.queue_knee_s
+        if self.ttft_slo_s is not None and first_token_s is not None and math.isfinite(first_token_s):
+            wait_s = max(wait_s, self.ttft_slo_s - max(0.0, first_token_s))
+        return rate_within_wait(took_rps, capped_slots, wait_s, self.slo_quantile, hold_scv)
 
     def startup(self, configured: float | None) -> tuple[float, str]:
         if configured is not None:

@@ -35,6 +35,8 @@ FRESH: Final = "fresh"
 STALE: Final = "stale"  # this scrape failed; last good data is still inside staleAfter
 EXPIRED: Final = "expired"  # no good data inside staleAfter (or never): counted as at least at target
 REPLICA_STATES: Final = (FRESH, STALE, EXPIRED)
+# first tokens over the window before their time outside the queue is read (a mean of a few is one prompt)
+FIRST_TOKEN_MIN_OBSERVATIONS: Final = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,24 +131,33 @@ class _ReplicaState:
                 window.observe(now, value)
         for key in ("queue_count", "queue_sum", "ttft_count", "ttft_sum"):
             self.totals[key] = None
-        for name, hwindow, hist, hseries in (
-            ("ttft", self.ttft, s.ttft, s.ttft_series),
-            ("queue_time", self.queue_time, s.queue_time, s.queue_time_series),
-            ("hold_time", self.hold_time, s.hold_time, s.hold_time_series),
+        # (histogram, its window, this scrape's, per series, the totals' prefix: None where only the
+        # window is read, as the hold times' spread is: hold_time_scv)
+        for name, hwindow, hist, hseries, totals in (
+            ("ttft", self.ttft, s.ttft, s.ttft_series, "ttft"),
+            ("queue_time", self.queue_time, s.queue_time, s.queue_time_series, "queue"),
+            ("hold_time", self.hold_time, s.hold_time, s.hold_time_series, None),
         ):
             if hseries:  # resets per series: one engine restarting keeps the pod's reading
                 hist = self.histograms.setdefault(name, SeriesHistogram()).observe(dict(hseries))
             if hist is not None:
                 hwindow.observe(now, hist)
-                if name != "hold_time":  # read as its recent window's spread (hold_time_scv), not totals
-                    prefix = "queue" if name == "queue_time" else "ttft"
-                    self.totals[f"{prefix}_count"], self.totals[f"{prefix}_sum"] = hist.count, hist.sum
+                if totals is not None:
+                    self.totals[f"{totals}_count"], self.totals[f"{totals}_sum"] = hist.count, hist.sum
 
     def hold_time_scv(self) -> float | None:
         """The spread of how long this replica's requests held a batch slot over the window (None: not
         exported, or too few finished to tell)."""
         delta = self.hold_time.delta()
         return None if delta is None else service_scv(delta.buckets)
+
+    def first_token_s(self, min_observations: float = FIRST_TOKEN_MIN_OBSERVATIONS) -> float | None:
+        """How long this replica's requests took to a first token outside the queue over the window: the
+        mean TTFT less the mean queue wait (None: either not exported, or too few to tell)."""
+        ttft, queued = self.ttft.delta(), self.queue_time.delta()
+        if ttft is None or queued is None or min(ttft.count, queued.count) < min_observations:
+            return None
+        return max(0.0, ttft.sum / ttft.count - queued.sum / queued.count)
 
     def report(self, now: float, stale_after: float) -> ReplicaReport:
         if self.reason is None and self.last_ok == now:
@@ -261,6 +272,7 @@ class FleetState:
                     prompt_tokens_total=self._replicas[o.url].totals.get("prompt_tokens"),
                     generation_tokens_total=self._replicas[o.url].totals.get("generation_tokens"),
                     hold_time_scv=self._replicas[o.url].hold_time_scv(),
+                    first_token_s=self._replicas[o.url].first_token_s(),
                 )
                 for o in obs
                 if o.signals is not None

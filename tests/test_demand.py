@@ -221,7 +221,7 @@ def test_a_queue_behind_a_capped_batch_reads_as_the_rate_its_slots_serve_within_
     those slots serve with 95 % of requests queued at most half the SLO (0.5 s): ~0.7x (a vLLM CPU engine
     served 0.57-0.81x within a 1 s SLO, issue #30). The same intake with KV full is a cliff: read as is."""
 
-    def learn(kv: float, hold_scv: float | None = None) -> float | None:
+    def learn(kv: float, hold_scv: float | None = None, first_token_s: float | None = None) -> float | None:
         tr = DemandTracker(5.0, ttft_slo_s=1.0)
         finished = 0.0
         for k in range(9):
@@ -230,8 +230,9 @@ def test_a_queue_behind_a_capped_batch_reads_as_the_rate_its_slots_serve_within_
             # the last step's batch: requests of one length finish together, so it reads 13-16 of 16
             running = 16.0 - 3.0 * (k % 2)
             queued = ReplicaCounters(
-                "a", finished, 0.0, 30.0, running, kv, 0.0, finished, 3.0 * finished, hold_time_scv=hold_scv
-            )
+                "a", finished, 0.0, 30.0, running, kv, 0.0, finished, 3.0 * finished, hold_time_scv=hold_scv,
+                first_token_s=first_token_s,
+            )  # fmt: skip
             tr.observe(5.0 * k, ["a"], [queued])
         cap, source = tr.capacity(None, 40.0)
         assert source == "learned"
@@ -249,6 +250,15 @@ def test_a_queue_behind_a_capped_batch_reads_as_the_rate_its_slots_serve_within_
     assert fixed == pytest.approx(rate_within_wait(5.3, 16, 0.5, 0.95, 0.04), rel=0.05)
     assert capped is not None and fixed is not None and fixed > 1.05 * capped
     assert learn(kv=0.99, hold_scv=0.04) == pytest.approx(5.3)  # a KV cliff is read as is, whatever the spread
+    # the wait a request may spend queued is what the SLO leaves after its own first token: short prompts
+    # (0.12 s to a first token) leave 0.88 s, and the same slots serve more within the SLO
+    short = learn(kv=0.2, first_token_s=0.12)
+    assert short == pytest.approx(rate_within_wait(5.3, 16, 0.88, 0.95), rel=0.05)
+    assert capped is not None and short is not None and short > 1.03 * capped
+    # never less than half the SLO: a prefill that takes most of the SLO is not shortened by more replicas
+    assert learn(kv=0.2, first_token_s=0.9) == pytest.approx(capped)
+    assert learn(kv=0.2, first_token_s=float("nan")) == pytest.approx(capped)
+    assert learn(kv=0.99, first_token_s=0.12) == pytest.approx(5.3)
 
 
 def test_startup_is_learned_first_in_first_out() -> None:

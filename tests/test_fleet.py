@@ -101,6 +101,37 @@ def test_the_spread_of_a_pods_recent_hold_times_reaches_the_demand() -> None:
     assert service_scv(read_replica(vllm_v1(hold_observations=spread)).hold_time.buckets) > 0.2  # type: ignore[union-attr]
 
 
+def test_a_pods_recent_time_to_a_first_token_outside_the_queue_reaches_the_demand() -> None:
+    """The mean TTFT less the mean queue wait over the rate window: the prefill and the API server's time,
+    which the SLO's wait budget is what is left of. Old slow first tokens are out of the window; a few
+    are too few to tell (one long prompt is not the replica's prefill)."""
+    from keda_llm_scaler.engines import read_replica
+    from keda_llm_scaler.testing.payloads import vllm_v1
+
+    seen: list[float | None] = []
+    fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=2.0)
+    observe = fleet.demand.observe
+
+    def spy(now: float, urls: object, counters: object, starting: int = 0) -> None:
+        counters = list(counters)  # type: ignore[call-overload]
+        seen.append(counters[0].first_token_s)
+        observe(now, urls, counters, starting)  # type: ignore[arg-type]
+
+    fleet.demand.observe = spy  # type: ignore[method-assign]
+    old = [4.0] * 50  # the payload's queue wait is half of each TTFT: 2 s outside the queue
+    few = [0.3] * 5
+    recent = [0.24] * 40  # 0.12 s outside the queue
+
+    def at(t: float, ttfts: list[float]) -> None:
+        fleet.update(t, [Observation("pod", read_replica(vllm_v1(ttft_observations=ttfts)))])
+
+    at(0.0, old)
+    at(100.0, [*old, *few])
+    at(102.0, [*old, *few, *recent])
+    assert seen[0] is None and seen[1] is None  # no window yet; then five: too few
+    assert seen[2] == pytest.approx(0.5 * (5 * 0.3 + 40 * 0.24) / 45)
+
+
 def test_series_histogram_sums_increases_per_series() -> None:
     from keda_llm_scaler.rates import SeriesHistogram
     from keda_llm_scaler.signals import Histogram
