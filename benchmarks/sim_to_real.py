@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import statistics
@@ -27,11 +28,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from keda_llm_scaler.enginelab.calibrate import calibrate, write_profile
+from keda_llm_scaler.enginelab.calibrate import (
+    SERVING_SECONDS,
+    SERVING_SEED,
+    calibrate,
+    serving_mix,
+    serving_scales,
+    write_profile,
+)
 from keda_llm_scaler.enginelab.loadgen import Arrival, run_load, summarize
 from keda_llm_scaler.enginelab.sweep import capacity_at_slo as real_capacity_at_slo
 from keda_llm_scaler.enginelab.sweep import poisson_arrivals
-from keda_llm_scaler.sim.profiles import get_profile
+from keda_llm_scaler.sim.profiles import get_profile, load_profile
 from keda_llm_scaler.sim.run import RunConfig, capacity_at_slo, percentile, simulate
 from keda_llm_scaler.sim.trace import BUNDLED_TRACE, TraceRequest, load_trace
 
@@ -82,6 +90,48 @@ def _sim(profile: str, n: int, arrivals: list[Arrival]) -> dict[str, Any]:
     }
 
 
+def resimulate(run: Path, out: Path, duration_s: float) -> dict[str, Any]:
+    """The simulator's side of a recorded run again, with calibrate's current rule: the fitted profile
+    before its serving scale (the recorded coefficients over the recorded factor), scaled again from the
+    recorded serving phase (its arrivals are rebuilt from their rate and seed), and each load's arrivals
+    (rebuilt from their seed) replayed through it. The real engines' rows are the recorded ones."""
+    recorded = json.loads((run / "profile.json").read_text())
+    points = recorded["fit_points"]
+    serving = points["serving"]
+    k_d, k_p = points["step_scale"], points.get("prefill_scale", points["step_scale"])
+    fitted = dataclasses.replace(
+        load_profile(run / "profile.json"), c_ms=recorded["c_ms"] / k_d, d_ms=recorded["d_ms"] / k_d,
+        e_ms=recorded["e_ms"] / k_d, b_ms=recorded["b_ms"] / k_p, f_ms=recorded["f_ms"] / k_p,
+    )  # fmt: skip
+    arrivals = poisson_arrivals(serving["rate"], SERVING_SECONDS, 0, 0, seed=SERVING_SEED, mix=serving_mix())
+    k_decode, k_prefill = serving_scales(fitted, arrivals, serving["engine_itl_ms"], serving.get("engine_prefill_ms"))
+    _say(f"{run}: decode steps x {k_decode:.3f}, prefill x {k_prefill:.3f} (recorded: x {k_d:.3f}, x {k_p:.3f})")
+    profile = {
+        **{k: v for k, v in recorded.items() if k != "fit_points"},
+        "c_ms": round(fitted.c_ms * k_decode, 4), "d_ms": round(fitted.d_ms * k_decode, 5),
+        "e_ms": round(fitted.e_ms * k_decode, 5), "b_ms": round(fitted.b_ms * k_prefill, 6),
+        "f_ms": float(f"{fitted.f_ms * k_prefill:.4g}"),
+    }  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    profile_path = out / "profile.json"
+    fit_points = {**points, "step_scale": k_decode, "prefill_scale": k_prefill, "resimulated_from": str(run)}
+    profile_path.write_text(json.dumps({**profile, "fit_points": fit_points}, indent=2) + "\n")
+    result: dict[str, Any] = json.loads((run / "results.json").read_text())
+    mix = [(min(r.prompt, MAX_PROMPT), min(r.output, MAX_OUTPUT)) for r in load_trace(BUNDLED_TRACE)[:4000]]
+    result["profile"] = profile
+    result["sim_knee_rps"] = capacity_at_slo(get_profile(str(profile_path)), tuple(mix), SLO_S)
+    by_fleet: dict[int, int] = {}
+    for row in result["rows"]:
+        n = row["engines"]
+        i = by_fleet.get(n, 0)
+        by_fleet[n] = i + 1
+        loads = poisson_arrivals(row["rate"], duration_s, 0, 0, seed=100 * n + i, mix=mix)
+        assert len(loads) == row["real"]["requests"], "the recorded run's arrivals were not these"
+        row["sim"] = _sim(str(profile_path), n, loads)
+    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="a directory: profile.json, results.json")
@@ -98,7 +148,18 @@ def main() -> int:
         default=None,
         help="fleet sizes to compare, comma-separated (default: every engine of the run), e.g. 1,3",
     )
+    ap.add_argument(
+        "--resimulate",
+        type=Path,
+        default=None,
+        metavar="RUN",
+        help="no engines: replay a recorded run's directory through the simulator with calibrate's current "
+        "rule (its serving phase refitted), into --out (use the run's --duration)",
+    )
     args = ap.parse_args()
+    if args.resimulate is not None:
+        print(table(resimulate(args.resimulate, args.out, args.duration)))
+        return 0
     urls = os.environ["KLS_ENGINE_URLS"].split(",")
     model = os.environ["KLS_ENGINE_MODEL"]
     config = {k: os.environ.get(f"KLS_ENGINE_{k.upper()}") for k in ("cpus", "max_num_seqs", "layers")}

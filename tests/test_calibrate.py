@@ -18,10 +18,15 @@ from keda_llm_scaler.enginelab.calibrate import (
     fit_prefill,
     least_squares,
     prefill_alone,
+    scaled,
+    serving_mix,
+    serving_scales,
+    simulated_queue_ms,
+    simulated_serving,
     simulated_throughput,
-    step_scale,
     write_profile,
 )
+from keda_llm_scaler.enginelab.sweep import poisson_arrivals
 from keda_llm_scaler.sim.profiles import get_profile, load_profile
 from keda_llm_scaler.sim.replica import Request, SimReplica
 
@@ -93,20 +98,41 @@ def test_the_api_server_overhead_adds_to_every_ttft_and_to_nothing_else() -> Non
         assert b.finished_at == pytest.approx(a.finished_at)  # the engine's schedule is the same
 
 
-def test_scaling_the_steps_by_the_saturated_ratio_makes_the_model_serve_what_the_engine_did() -> None:
-    """The last step of calibrate: a model that completes a burst at 3 req/s where the engine completed
-    it at 4 gets every step coefficient x 0.75, and then completes it at 4 (the schedule is the same, each
-    step shorter); a ratio past the bounds is not followed."""
-    fitted = dataclasses.replace(get_profile("8b-h100"), max_num_seqs=16, max_num_batched_tokens=2048)
-    model_rps = simulated_throughput(fitted, 64, 256, 64)
-    assert model_rps > 0
-    engine_rps = model_rps / 0.75
-    k = step_scale(model_rps, engine_rps)
-    assert k == pytest.approx(0.75)
-    scaled = dataclasses.replace(
-        fitted, c_ms=fitted.c_ms * k, b_ms=fitted.b_ms * k, d_ms=fitted.d_ms * k, e_ms=fitted.e_ms * k,
-        f_ms=fitted.f_ms * k,
-    )  # fmt: skip
-    assert simulated_throughput(scaled, 64, 256, 64) == pytest.approx(engine_rps, rel=1e-6)
-    assert step_scale(model_rps, model_rps / 10) == 2.0 and step_scale(model_rps, model_rps * 10) == 0.5
-    assert step_scale(0.0, 4.0) == 1.0 and step_scale(4.0, 0.0) == 1.0
+def test_the_serving_scales_recover_how_much_slower_an_engine_serves_than_its_probes_say() -> None:
+    """The last step of calibrate: an engine whose decode steps under serving load are 1.3x what the
+    probes fitted and whose prefills are 1.8x (the same arrivals through the model so scaled stand in for
+    it) gets those factors back, and the scaled model then gives the engine's mean inter-token latency,
+    mean prefill and never-dry rate. Past the bounds the fit is not bent; without a prefill reading one
+    factor matches the inter-token latency; an unreadable engine leaves the model as it was."""
+    fitted = dataclasses.replace(get_profile("8b-h100"), max_num_seqs=16, max_num_batched_tokens=2048, c_ms=20.0)
+    shapes = serving_mix()
+    never_dry = simulated_throughput(fitted, shapes)
+    assert never_dry > 0
+    arrivals = poisson_arrivals(0.6 * never_dry / 1.5, 60.0, 0, 0, seed=3, mix=shapes)
+    engine = scaled(fitted, 1.3, 1.8)
+    engine_itl, engine_prefill = simulated_serving(engine, arrivals)
+    model_itl, model_prefill = simulated_serving(fitted, arrivals)
+    assert engine_itl is not None and model_itl is not None and engine_itl > 1.25 * model_itl
+    assert engine_prefill is not None and model_prefill is not None and engine_prefill > 1.3 * model_prefill
+    k_decode, k_prefill = serving_scales(fitted, arrivals, engine_itl, engine_prefill)
+    assert (k_decode, k_prefill) == pytest.approx((1.3, 1.8), rel=0.02)
+    itl, prefill = simulated_serving(scaled(fitted, k_decode, k_prefill), arrivals)
+    assert (itl, prefill) == pytest.approx((engine_itl, engine_prefill), rel=0.01)
+    assert simulated_throughput(scaled(fitted, k_decode, k_prefill), shapes) == pytest.approx(
+        simulated_throughput(engine, shapes), rel=0.02
+    )
+    assert serving_scales(fitted, arrivals, 100 * engine_itl, 100 * engine_prefill) == (2.5, 2.5)
+    assert serving_scales(fitted, arrivals, engine_itl / 100, engine_prefill / 100) == (0.5, 0.5)
+    one, same = serving_scales(fitted, arrivals, engine_itl, None)
+    assert one == same and simulated_serving(scaled(fitted, one), arrivals)[0] == pytest.approx(engine_itl, rel=1e-3)
+    assert serving_scales(fitted, arrivals, 0.0, engine_prefill) == (1.0, 1.0)
+    # the regime each ran in, recorded beside the fit: the same arrivals queue longer on slower steps
+    light, heavy = simulated_queue_ms(fitted, arrivals), simulated_queue_ms(scaled(fitted, 2.0), arrivals)
+    assert light is not None and heavy is not None and heavy > 2 * light
+    assert serving_scales(fitted, arrivals, float("nan")) == (1.0, 1.0)
+
+
+def test_the_serving_mix_is_calibrates_own_and_fixed() -> None:
+    mix = serving_mix()
+    assert mix == serving_mix() and len(set(mix)) > 32
+    assert all(96 <= p <= 768 and 24 <= o <= 192 for p, o in mix)
