@@ -67,6 +67,20 @@ def test_one_data_parallel_engine_restarting_keeps_the_pods_ttft_reading() -> No
     assert snap.ttft_p95_s is not None and snap.ttft_p95_s < 0.5  # the window: 400 fast, the same 12 slow
 
 
+def _seen_by_demand(fleet: FleetState, field: str) -> list[float | None]:
+    """What the demand tracker is handed for the first replica's ``field`` on each update, in order."""
+    seen: list[float | None] = []
+    observe = fleet.demand.observe
+
+    def spy(now: float, urls: object, counters: object, starting: int = 0) -> None:
+        counters = list(counters)  # type: ignore[call-overload]
+        seen.append(getattr(counters[0], field))
+        observe(now, urls, counters, starting)  # type: ignore[arg-type]
+
+    fleet.demand.observe = spy  # type: ignore[method-assign]
+    return seen
+
+
 def test_the_spread_of_a_pods_recent_hold_times_reaches_the_demand() -> None:
     """How long a pod's requests held a batch slot, over the rate window only: 100 answers of every length
     long ago, then 200 of one length (2.6-2.9 s) lately. The demand reads the recent ones' narrow spread,
@@ -75,16 +89,8 @@ def test_the_spread_of_a_pods_recent_hold_times_reaches_the_demand() -> None:
     from keda_llm_scaler.queueing import service_scv
     from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
 
-    seen: list[float | None] = []
     fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=2.0)
-    observe = fleet.demand.observe
-
-    def spy(now: float, urls: object, counters: object, starting: int = 0) -> None:
-        counters = list(counters)  # type: ignore[call-overload]
-        seen.append(counters[0].hold_time_scv)
-        observe(now, urls, counters, starting)  # type: ignore[arg-type]
-
-    fleet.demand.observe = spy  # type: ignore[method-assign]
+    seen = _seen_by_demand(fleet, "hold_time_scv")
     spread = [0.4 * (k + 1) for k in range(100)]  # 0.4-40 s
     recent = [2.6 + 0.003 * k for k in range(200)]
 
@@ -108,16 +114,8 @@ def test_a_pods_recent_time_to_a_first_token_outside_the_queue_reaches_the_deman
     from keda_llm_scaler.engines import read_replica
     from keda_llm_scaler.testing.payloads import vllm_v1
 
-    seen: list[float | None] = []
     fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=2.0)
-    observe = fleet.demand.observe
-
-    def spy(now: float, urls: object, counters: object, starting: int = 0) -> None:
-        counters = list(counters)  # type: ignore[call-overload]
-        seen.append(counters[0].first_token_s)
-        observe(now, urls, counters, starting)  # type: ignore[arg-type]
-
-    fleet.demand.observe = spy  # type: ignore[method-assign]
+    seen = _seen_by_demand(fleet, "first_token_s")
     old = [4.0] * 50  # the payload's queue wait is half of each TTFT: 2 s outside the queue
     few = [0.3] * 5
     recent = [0.24] * 40  # 0.12 s outside the queue

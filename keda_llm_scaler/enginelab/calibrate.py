@@ -195,16 +195,22 @@ def serving_mix(n: int = 64, seed: int = SERVING_SEED) -> list[tuple[int, int]]:
     return [(rng.randint(*SERVING_PROMPTS), rng.randint(*SERVING_OUTPUTS)) for _ in range(n)]
 
 
+def _served(profile: Profile, arrivals: Sequence[Arrival]) -> list[Request]:
+    """``arrivals`` through one simulated replica to the end; its times are the engine's (the API
+    server's own time is left out of the first token)."""
+    replica = SimReplica(dataclasses.replace(profile, ttft_overhead_ms=0.0))
+    replica.submit([Request(i, a.t, a.prompt_tokens, a.output_tokens) for i, a in enumerate(arrivals)])
+    replica.advance(24 * 3600.0)
+    return replica.finished
+
+
 def simulated_serving(profile: Profile, arrivals: Sequence[Arrival]) -> tuple[float | None, float | None]:
     """The mean inter-token latency and the mean prefill time (ms) the simulated replica gives
     ``arrivals``, as vLLM's histograms average them: every gap after a first token, over all of them (a
     request's last token less its first, summed, over the tokens after the first); and from being
     scheduled to the first token, per request. None where nothing was measured."""
-    replica = SimReplica(dataclasses.replace(profile, ttft_overhead_ms=0.0))
-    replica.submit([Request(i, a.t, a.prompt_tokens, a.output_tokens) for i, a in enumerate(arrivals)])
-    replica.advance(24 * 3600.0)
     spans, prefills = [], []
-    for r in replica.finished:
+    for r in _served(profile, arrivals):
         if r.first_token_at is None:
             continue
         if r.queued_at_admit is not None:
@@ -218,10 +224,7 @@ def simulated_serving(profile: Profile, arrivals: Sequence[Arrival]) -> tuple[fl
 
 def simulated_queue_ms(profile: Profile, arrivals: Sequence[Arrival]) -> float | None:
     """The mean time (ms) the simulated replica keeps ``arrivals`` waiting before it schedules them."""
-    replica = SimReplica(profile)
-    replica.submit([Request(i, a.t, a.prompt_tokens, a.output_tokens) for i, a in enumerate(arrivals)])
-    replica.advance(24 * 3600.0)
-    waits = [r.queued_at_admit for r in replica.finished if r.queued_at_admit is not None]
+    waits = [r.queued_at_admit for r in _served(profile, arrivals) if r.queued_at_admit is not None]
     return 1000.0 * math.fsum(waits) / len(waits) if waits else None
 
 
@@ -256,9 +259,10 @@ def serving_scales(
     def known(x: float | None) -> bool:
         return x is not None and x > 0 and math.isfinite(x)
 
-    if not known(engine_itl_ms) or not known(simulated_serving(profile, arrivals)[0]):
+    model_itl, model_prefill = simulated_serving(profile, arrivals)
+    if not known(engine_itl_ms) or not known(model_itl):
         return 1.0, 1.0
-    if not known(engine_prefill_ms) or not known(simulated_serving(profile, arrivals)[1]):
+    if not known(engine_prefill_ms) or not known(model_prefill):
         k = _matching(lambda x: simulated_serving(scaled(profile, x), arrivals)[0] or 0.0, engine_itl_ms)
         return k, k
     target_prefill = float(engine_prefill_ms or 0.0)
