@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from keda_llm_scaler.enginelab.loadgen import Arrival, rescale, run_load, summarize
+from keda_llm_scaler.enginelab.sweep import capacity_at_slo
 from keda_llm_scaler.testing.replicas import dead_port
 
 FIRST_TOKEN_S = 0.05
@@ -29,15 +30,17 @@ TOKEN_GAP_S = 0.01
 
 @contextmanager
 def openai_server(
-    status: int = 200, first_token_s: float = FIRST_TOKEN_S, ending: str = "length"
+    status: int = 200, first_token_s: float = FIRST_TOKEN_S, ending: str = "length", slots: int | None = None
 ) -> Iterator[tuple[str, list[dict]]]:
     """A streaming /v1/completions on loopback: the first token after ``first_token_s``, then one per
     TOKEN_GAP_S, ``max_tokens`` of them (some with empty text, as a byte-level token inside a UTF-8
     character streams), the last with vLLM's ``finish_reason``, then a usage chunk with no choices and
     [DONE]. ``ending``: "length" (a whole answer), "abort" (vLLM shutting down without a drain: half the
-    tokens, then finish_reason abort), "drop" (the connection closes after half). Records each body."""
+    tokens, then finish_reason abort), "drop" (the connection closes after half). ``slots``: at most that many
+    answers at once, the rest wait for one (a batch cap). Records each body."""
     bodies: list[dict] = []
     loop = asyncio.new_event_loop()
+    batch = asyncio.Semaphore(slots) if slots else None
     ready = threading.Event()
     holder: dict[str, object] = {}
 
@@ -49,6 +52,12 @@ def openai_server(
         bodies.append(body)
         if status != 200:
             return web.json_response({"error": "overloaded"}, status=status)
+        if batch is not None:
+            async with batch:
+                return await answer(request, body)
+        return await answer(request, body)
+
+    async def answer(request: web.Request, body: dict) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         await asyncio.sleep(first_token_s)
@@ -133,6 +142,19 @@ def test_requests_go_to_the_engine_with_fewest_in_flight_and_failures_are_misses
     assert s["errors"] == {"http_503": s["per_url"][failing]}
     assert s["completed"] == s["per_url"][slow] and s["failed"] == s["per_url"][failing]
     assert s["slo_attainment"] == pytest.approx(s["completed"] / 20)
+
+
+def test_the_sweep_warms_up_uncounted_and_finds_the_rate_a_capped_server_serves_within_the_slo() -> None:
+    # two slots, each held 0.05 + 4 x 0.01 s: about 22 req/s flat out; within 0.3 s far below that
+    with openai_server(slots=2) as (url, bodies):
+        capacity, points = capacity_at_slo(
+            url, "fake-model", slo_s=0.3, prompt=3, output=5, start_rate=4.0, duration_s=2.0, bisections=1,
+            warmup_s=2.0,
+        )  # fmt: skip
+    counted = sum(p.summary["requests"] for p in points)
+    assert len(bodies) > counted  # the warm-up's requests reached the server and no point counted them
+    assert points[0].rate == 4.0 and points[0].attainment >= 0.95
+    assert any(p.attainment < 0.95 for p in points) and 4.0 <= capacity < 2 * 2 / 0.09
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

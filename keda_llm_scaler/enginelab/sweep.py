@@ -67,7 +67,8 @@ def _point(
     att = float(summary["slo_attainment"] or 0.0)
     print(
         f"sweep: {rate:6.2f} req/s{f' on each of {len(urls)} engines' if len(urls) > 1 else ''}  "
-        f"attainment {100 * att:5.1f} %  TTFT p50 {summary['ttft_p50_s']:.3f} s",
+        f"attainment {100 * att:5.1f} %  TTFT p50 {summary['ttft_p50_s']:.3f} s  p95 {summary['ttft_p95_s']:.3f} s  "
+        f"client lag {summary['client_lag_s']:.3f} s",
         file=sys.stderr,
         flush=True,
     )
@@ -109,10 +110,16 @@ def capacity_at_slo(
     duration_s: float = 40.0,
     bisections: int = 3,
     mix: Sequence[tuple[int, int]] = (),
+    warmup_s: float = 0.0,
 ) -> tuple[float, list[SweepPoint]]:
     """One engine's capacity at the SLO (req/s), and the points measured; ``url`` several engines: each
-    point loads all of them at the rate (module docstring)."""
+    point loads all of them at the rate (module docstring). ``warmup_s``: Poisson load at ``start_rate``
+    first, not counted, so the first point does not take the engines straight from another regime (a burst
+    just drained, or idle)."""
     urls = _urls(url)
+    if warmup_s > 0:
+        warm = [poisson_arrivals(start_rate, warmup_s, prompt, output, 104729 + i, mix) for i in range(len(urls))]
+        asyncio.run(_each(urls, warm, model))
     points: list[SweepPoint] = []
     lo: SweepPoint | None = None
     rate = start_rate
