@@ -61,7 +61,7 @@ def test_learned_capacity_matches_the_sweep_and_overload_reads_the_need(engines:
     )  # fmt: skip
     print(
         f"capacity at the SLO after: {after:.2f} req/s from {[(p.rate, p.attainment) for p in again]}", file=sys.stderr
-    )  # noqa: E501
+    )
     capacity = (before + after) / 2
     need = rate / capacity
     values = [v for _, v in watch.readings]
