@@ -253,7 +253,7 @@ def _plots_missing(args: argparse.Namespace) -> str | None:
 
 
 def _stop_starting(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # SIGTERM before serve's event loop takes it over: as Ctrl-C, a quiet stop
+    raise KeyboardInterrupt  # before serve's event loop takes the signal over: as Ctrl-C, a quiet stop
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -262,7 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(argv)
     # A stop asked while serve starts (imports, settings, binding; ~2 s) is a stop, not an error: no
     # traceback, exit 0. From run() on, the event loop takes both signals (keda_llm_scaler/server.py).
+    # SIGINT too, not left to Python's default: a process started from a non-interactive shell's
+    # background job inherits SIGINT ignored, and Python then installs no handler for it, so a Ctrl-C
+    # (or the process group's SIGINT) during start-up was lost while the same signal a second later stopped it.
     signal.signal(signal.SIGTERM, _stop_starting)
+    signal.signal(signal.SIGINT, _stop_starting)
     try:
         return _main(argv)
     except KeyboardInterrupt:

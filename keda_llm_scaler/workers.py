@@ -26,6 +26,7 @@ import gc
 import json
 import os
 import pickle
+import signal
 import socket
 import struct
 import subprocess
@@ -51,6 +52,7 @@ AUTO_MAX_WORKERS: Final = 4
 READY_WAIT_S: Final = 30.0
 WORKER_NICENESS: Final = 10  # in the soak, workers at the scaler's priority took the gRPC p99 to 0.4-0.6 s
 ANSWER_MARGIN_S: Final = 5.0  # a worker that has not answered by the deadline plus this is wedged
+STARTUP_SIGNALS: Final = frozenset({signal.SIGINT, signal.SIGTERM})  # blocked across a worker's spawn
 RESTART_BACKOFF_S: Final = (0.0, 0.5, 1.0, 2.0, 5.0)  # consecutive restarts of one worker wait this long
 _HEADER: Final = struct.Struct("!I")
 _MAX_FRAME: Final = 64 * 1024 * 1024
@@ -146,6 +148,13 @@ class ScrapeWorkers:
 
     async def _start(self, worker: _Worker) -> None:
         parent, child = socket.socketpair()
+        # Between fork and setpgid (microseconds) the child is still in the scaler's process group, with the
+        # default dispositions, so a Ctrl-C to the group there killed it (exit -2, "scrape_worker_failed").
+        # Blocked in this thread across the spawn, the two signals stay blocked in the child through setpgid
+        # and exec (a signal mask survives exec); the worker discards what arrived meanwhile (_take_signals).
+        # Sent to the scaler meanwhile, they reach it through a thread that does not block them, or at once
+        # after, when this one unblocks them.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STARTUP_SIGNALS)
         try:
             worker.proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec returns at once; waits run in threads
                 # -P: not the working directory first on the path, where another checkout would be imported
@@ -158,6 +167,7 @@ class ScrapeWorkers:
                 process_group=0,
             )  # fmt: skip
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             child.close()
         reader, writer = await asyncio.open_unix_connection(sock=parent)
         worker.writer = writer
@@ -301,7 +311,19 @@ async def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
         await fetcher.aclose()
 
 
+def _take_signals() -> None:
+    """Unblock the signals the scaler blocked across this worker's spawn (WorkerPool._start), discarding any
+    that arrived while it was still in the scaler's process group: that Ctrl-C or SIGTERM was the scaler's,
+    which stops its workers itself. From here on they act as on any Python process."""
+    for sig in STARTUP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # a pending signal whose action is to ignore it is discarded
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STARTUP_SIGNALS)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _take_signals()
     parser = argparse.ArgumentParser(prog="keda_llm_scaler.workers", description="a keda-llm-scaler scrape worker")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--config", required=True)
