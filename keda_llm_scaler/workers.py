@@ -312,7 +312,7 @@ async def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
 
 
 def _take_signals() -> None:
-    """Unblock the signals the scaler blocked across this worker's spawn (WorkerPool._start), discarding any
+    """Unblock the signals the scaler blocked across this worker's spawn (ScrapeWorkers._start), discarding any
     that arrived while it was still in the scaler's process group: that Ctrl-C or SIGTERM was the scaler's,
     which stops its workers itself. From here on they act as on any Python process."""
     for sig in STARTUP_SIGNALS:
