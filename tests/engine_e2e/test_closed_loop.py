@@ -199,19 +199,30 @@ def test_c_scale_down_drains_and_removes_the_least_loaded_engine(api: Api, pods:
             removed.extend(sorted(left - serving))
             left &= serving
 
-    # seven or eight streams at a time on each of two engines (150 tokens: a stream lasts ~7 s), enough
-    # for the ranking to tell them from idle (victims.LEVEL_HYSTERESIS); the third gets none
-    pods.load(fleet.namespace, fleet.app, 2.0, only=busy, output_tokens=150)
+    # The two busy engines must hold clearly more than the four requests that take a pod out of idle
+    # (victims.LEVEL_HYSTERESIS); the third gets none. Requests held = token rate x inter-token latency, so
+    # a fixed rate is not enough: 1 req/s of 150-token answers held 3-4 streams on a fast day (the ranking
+    # rightly kept the busy pods idle, and the test failed). At 0.65 of the engine's saturated token rate
+    # (measured by `static`), its batch holds 6-7 streams at any engine speed, below the knee.
+    answer = 150
+    rate = len(busy) * 0.65 * static.throughput * OUTPUT / answer
+    pods.load(fleet.namespace, fleet.app, rate, only=busy, output_tokens=answer)
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
+        seen: list[dict[str, Any]] = []  # the last pass, for the failure message
 
         def ranked() -> dict[str, int] | None:
             costs = {n: int((p["metadata"].get("annotations") or {}).get(COST, 0))
                      for n, p in pod_objects(api, fleet).items()}  # fmt: skip
+            held = {p["name"]: p["in_flight"] for p in pods.of(fleet.namespace, fleet.app)}
+            seen[:] = [{"costs": costs, "in_flight": held}]
             return costs if len(costs) == PEAK and all(costs[idle] < costs[b] for b in busy) else None
 
-        costs = eventually(ranked, 120, "deletion costs rank the idle engine below the busy ones", interval=1)
+        try:
+            costs = eventually(ranked, 180, "deletion costs rank the idle engine below the busy ones", interval=1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; idle {idle}, last seen {seen}") from None
         resize(api, fleet, PEAK - 1)
         eventually(lambda: len(removed) >= 1, 180, "one engine removed", interval=1)
         time.sleep(10)  # the ranking catches up with the two left
@@ -222,7 +233,8 @@ def test_c_scale_down_drains_and_removes_the_least_loaded_engine(api: Api, pods:
         pods.load(fleet.namespace, fleet.app, 0)
         stop.set()
         watcher.join()
-    report = {"busy": busy, "idle": idle, "costs": costs, "removed": removed, "streams_cut": streams_cut(pods, fleet),
+    report = {"busy": busy, "idle": idle, "rate": round(rate, 2), "costs": costs, "removed": removed,
+              "streams_cut": streams_cut(pods, fleet),
               "deleted": [d for d in pods.status()["deleted"] if d["namespace"] == fleet.namespace]}  # fmt: skip
     print(json.dumps(report), file=sys.stderr)
     assert removed[0] == idle, report  # the ranking chose the idle engine, and the ReplicaSet followed it
