@@ -11,8 +11,15 @@ TTFT p50/p95 and inter-token latency. Run inside ``scripts/engine run``:
 
 The knee is one real engine's capacity at the SLO (TTFT 1 s for 95 %), measured by a rate sweep with the
 same token mix; loads are 0.5, 0.9 and 1.3 of it per engine. The simulator's own knee for the calibrated
-profile is reported beside it. Each load runs ``--duration`` seconds of Poisson arrivals of the conversation trace's
-token mix, clamped to 512-token prompts and 128-token outputs (what these small engines serve).
+profile is reported beside it. Each load runs ``--duration`` seconds of Poisson arrivals of the conversation
+trace's token mix, clamped to 512-token prompts and 128-token outputs (what these small engines serve).
+
+The engines of a run share this machine's cores, caches and memory bandwidth, which a CPU quota does not
+divide: one engine served 4.40 req/s at saturation alone and 3.83 beside a saturated neighbour (config C,
+docs/sim-to-real.md). The reported loads run every engine at once, so the calibration and the knee sweep
+do too: every other engine runs the same calibration in its own process while engine 0's is read
+(``neighbour-N.json``: their fits, the engine-to-engine spread), and each sweep point loads every engine.
+``--alone`` calibrates and sweeps engine 0 with its neighbours idle, as runs before 2026-12-05 did.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import dataclasses
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +39,7 @@ from typing import Any
 from keda_llm_scaler.enginelab.calibrate import (
     SERVING_SECONDS,
     SERVING_SEED,
+    Fit,
     calibrate,
     serving_mix,
     serving_scales,
@@ -50,6 +59,28 @@ MAX_PROMPT, MAX_OUTPUT = 512, 128
 
 def _say(msg: str) -> None:
     print(f"sim-to-real: {msg}", file=sys.stderr, flush=True)
+
+
+def _calibrate_in_fleet(urls: list[str], model: str, out: Path) -> Fit:
+    """Engine 0's fit, read while every other engine runs the same calibration in its own process (the
+    phases line up: the same probes, on engines of the same configuration). Each neighbour is stopped by
+    its id if it outlives engine 0's calibration by more than two minutes."""
+    neighbours = []
+    for i, url in enumerate(urls[1:], start=1):
+        log = (out / f"neighbour-{i}.log").open("w")
+        argv = [sys.executable, "-m", "keda_llm_scaler", "calibrate", "--url", url, "--model", model,
+                "--out", str(out / f"neighbour-{i}.json")]  # fmt: skip
+        neighbours.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), log))
+    try:
+        return calibrate(urls[0], model)
+    finally:
+        for proc, log in neighbours:
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
 
 
 def _real(urls: list[str], model: str, arrivals: list[Arrival]) -> dict[str, Any]:
@@ -156,6 +187,12 @@ def main() -> int:
         help="no engines: replay a recorded run's directory through the simulator with calibrate's current "
         "rule (its serving phase refitted), into --out (use the run's --duration)",
     )
+    ap.add_argument(
+        "--alone",
+        action="store_true",
+        help="calibrate and sweep engine 0 with the other engines idle (default: every engine at once, as the "
+        "loads run them)",
+    )
     args = ap.parse_args()
     if args.resimulate is not None:
         print(table(resimulate(args.resimulate, args.out, args.duration)))
@@ -165,7 +202,7 @@ def main() -> int:
     config = {k: os.environ.get(f"KLS_ENGINE_{k.upper()}") for k in ("cpus", "max_num_seqs", "layers")}
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    fit = calibrate(urls[0], model)
+    fit = calibrate(urls[0], model) if args.alone else _calibrate_in_fleet(urls, model, args.out)
     profile_path = args.out / "profile.json"
     ready = os.environ.get("KLS_ENGINE_READY_SECONDS", "60").split(",")
     profile = write_profile(
@@ -179,8 +216,10 @@ def main() -> int:
     mix = [(min(r.prompt, MAX_PROMPT), min(r.output, MAX_OUTPUT)) for r in load_trace(BUNDLED_TRACE)[:4000]]
     sim_knee = capacity_at_slo(get_profile(str(profile_path)), tuple(mix), SLO_S)
     _say(f"simulated capacity at the SLO: {sim_knee:.2f} req/s per engine")
-    # the loads are set from the real engine's knee (a sweep of one engine with the same mix)
-    knee, points = real_capacity_at_slo(urls[0], model, slo_s=SLO_S, prompt=0, output=0, mix=mix, bisections=2)
+    # the loads are set from the real engine's knee (a sweep with the same mix, of every engine at once
+    # unless --alone: each point's rate is per engine)
+    swept = urls[:1] if args.alone else urls
+    knee, points = real_capacity_at_slo(swept, model, slo_s=SLO_S, prompt=0, output=0, mix=mix, bisections=2)
     _say(f"real capacity at the SLO: {knee:.2f} req/s per engine")
     rows = []
     fleets = [int(n) for n in args.fleets.split(",")] if args.fleets else [len(urls)]
@@ -199,6 +238,7 @@ def main() -> int:
             _say(json.dumps(row))
     result = {
         "config": config,
+        "calibrated": "alone" if args.alone else f"beside {len(urls) - 1} neighbours calibrating",
         "profile": profile,
         "knee_rps": knee,
         "sim_knee_rps": sim_knee,
