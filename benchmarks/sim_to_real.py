@@ -15,8 +15,8 @@ profile is reported beside it. Each load runs ``--duration`` seconds of Poisson 
 trace's token mix, clamped to 512-token prompts and 128-token outputs (what these small engines serve).
 
 The engines of a run share this machine's cores, caches and memory bandwidth, which a CPU quota does not
-divide: one engine served 4.40 req/s at saturation alone and 3.83 beside a saturated neighbour (config C,
-docs/sim-to-real.md). The reported loads run every engine at once, so the calibration and the knee sweep
+divide (``engines_side_by_side.py`` measures what a busy neighbour costs; on this machine it read -13 %
+and +8 % on two runs). The reported loads run every engine at once, so the calibration and the knee sweep
 do too: every other engine runs the same calibration in its own process while engine 0's is read
 (``neighbour-N.json``: their fits, the engine-to-engine spread), and each sweep point loads every engine.
 ``--alone`` calibrates and sweeps engine 0 with its neighbours idle, as runs before 2026-12-05 did.
