@@ -81,6 +81,8 @@ def _calibrate_in_fleet(urls: list[str], model: str, out: Path) -> Fit:
                 proc.kill()
                 proc.wait()
             log.close()
+            if proc.returncode != 0:  # its engine was then not busy throughout: the run should say so
+                _say(f"a neighbour's calibration ended with {proc.returncode}: see {log.name}")
 
 
 def _real(urls: list[str], model: str, arrivals: list[Arrival]) -> dict[str, Any]:
