@@ -134,20 +134,26 @@ def resimulate(run: Path, out: Path, duration_s: float) -> dict[str, Any]:
     k_d, k_p = points["step_scale"], points.get("prefill_scale", points["step_scale"])
     fitted = dataclasses.replace(
         load_profile(run / "profile.json"), c_ms=recorded["c_ms"] / k_d, d_ms=recorded["d_ms"] / k_d,
-        e_ms=recorded["e_ms"] / k_d, b_ms=recorded["b_ms"] / k_p, f_ms=recorded["f_ms"] / k_p,
+        e_ms=recorded["e_ms"] / k_d, b_ms=recorded["b_ms"] / k_p, f_ms=recorded["f_ms"] / k_p, g_ms=0.0,
     )  # fmt: skip
     arrivals = poisson_arrivals(serving["rate"], SERVING_SECONDS, 0, 0, seed=SERVING_SEED, mix=serving_mix())
-    k_decode, k_prefill = serving_scales(fitted, arrivals, serving["engine_itl_ms"], serving.get("engine_prefill_ms"))
-    _say(f"{run}: decode steps x {k_decode:.3f}, prefill x {k_prefill:.3f} (recorded: x {k_d:.3f}, x {k_p:.3f})")
+    scales = serving_scales(fitted, arrivals, serving["engine_itl_ms"], serving.get("engine_prefill_ms"))
+    _say(
+        f"{run}: decode steps x {scales.k_decode:.3f}, prefill x {scales.k_prefill:.3f}, "
+        f"g {scales.g_ms * 1000:.3f} us (recorded: x {k_d:.3f}, x {k_p:.3f}, g {recorded.get('g_ms', 0) * 1000:.3f} us)"
+    )
+    final = scales.apply(fitted)
     profile = {
         **{k: v for k, v in recorded.items() if k != "fit_points"},
-        "c_ms": round(fitted.c_ms * k_decode, 4), "d_ms": round(fitted.d_ms * k_decode, 5),
-        "e_ms": round(fitted.e_ms * k_decode, 5), "b_ms": round(fitted.b_ms * k_prefill, 6),
-        "f_ms": float(f"{fitted.f_ms * k_prefill:.4g}"),
+        "c_ms": round(final.c_ms, 4), "d_ms": round(final.d_ms, 5), "e_ms": round(final.e_ms, 5),
+        "b_ms": round(final.b_ms, 6), "f_ms": float(f"{final.f_ms:.4g}"), "g_ms": float(f"{final.g_ms:.4g}"),
     }  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     profile_path = out / "profile.json"
-    fit_points = {**points, "step_scale": k_decode, "prefill_scale": k_prefill, "resimulated_from": str(run)}
+    fit_points = {
+        **points, "step_scale": scales.k_decode, "prefill_scale": scales.k_prefill,
+        "prefill_decode_g_ms": scales.g_ms, "resimulated_from": str(run),
+    }  # fmt: skip
     profile_path.write_text(json.dumps({**profile, "fit_points": fit_points}, indent=2) + "\n")
     result: dict[str, Any] = json.loads((run / "results.json").read_text())
     mix = [(min(r.prompt, MAX_PROMPT), min(r.output, MAX_OUTPUT)) for r in load_trace(BUNDLED_TRACE)[:4000]]

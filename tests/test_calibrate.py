@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from keda_llm_scaler.enginelab.calibrate import (
+    INTERACTION_BOUND,
     Fit,
+    ServingScales,
+    _matching,
     fit_decode,
     fit_prefill,
     least_squares,
@@ -65,11 +68,14 @@ def test_the_decode_and_prefill_fits_recover_the_step_time_model() -> None:
 
 
 def test_the_profile_file_loads_and_replays(tmp_path: Path) -> None:
-    fit = Fit(18.7, 0.094, 1.38, 0.0, 0.0, 34.0, 262144, 16, {"prefill": [[32, 33.2]], "decode": [[1, 64, 19.0]]})
+    fit = Fit(
+        18.7, 0.094, 1.38, 0.0, 0.0, 0.0123, 34.0, 262144, 16, {"prefill": [[32, 33.2]], "decode": [[1, 64, 19.0]]}
+    )
     path = tmp_path / "cpu.json"
     write_profile(fit, path, name="cpu", description="test", cold_start_s=60.0)
     profile = load_profile(path)
     assert (profile.c_ms, profile.max_num_seqs, profile.kv_tokens, profile.ttft_overhead_ms) == (18.7, 16, 262144, 34.0)
+    assert profile.g_ms == 0.0123
     exe = Path(sys.executable).parent / "keda-llm-scaler"
     trace = tmp_path / "t.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
@@ -100,36 +106,74 @@ def test_the_api_server_overhead_adds_to_every_ttft_and_to_nothing_else() -> Non
 
 def test_the_serving_scales_recover_how_much_slower_an_engine_serves_than_its_probes_say() -> None:
     """The last step of calibrate: an engine whose decode steps under serving load are 1.3x what the
-    probes fitted and whose prefills are 1.8x (the same arrivals through the model so scaled stand in for
-    it) gets those factors back, and the scaled model then gives the engine's mean inter-token latency,
-    mean prefill and never-dry rate. Past the bounds the fit is not bent; without a prefill reading one
-    factor matches the inter-token latency; an unreadable engine leaves the model as it was."""
+    probes fitted and whose prefill tokens cost more with every decode beside them (the same arrivals
+    through the model so bent stand in for it) gets that factor and that g back, and the bent model then
+    gives the engine's mean inter-token latency, mean prefill and never-dry rate. An engine whose
+    prefills were faster than the probes' takes a prefill factor below 1 instead. Past the bounds the
+    fit is not bent; without a prefill reading one factor matches the inter-token latency; an unreadable
+    engine leaves the model as it was."""
     fitted = dataclasses.replace(get_profile("8b-h100"), max_num_seqs=16, max_num_batched_tokens=2048, c_ms=20.0)
     shapes = serving_mix()
     never_dry = simulated_throughput(fitted, shapes)
     assert never_dry > 0
     arrivals = poisson_arrivals(0.6 * never_dry / 1.5, 60.0, 0, 0, seed=3, mix=shapes)
-    engine = scaled(fitted, 1.3, 1.8)
+    g = 2.0 * fitted.b_ms / fitted.max_num_seqs  # a prefill token beside a full batch costs 3x one alone
+    engine = scaled(fitted, 1.3, 1.0, g)
     engine_itl, engine_prefill = simulated_serving(engine, arrivals)
     model_itl, model_prefill = simulated_serving(fitted, arrivals)
     assert engine_itl is not None and model_itl is not None and engine_itl > 1.25 * model_itl
     assert engine_prefill is not None and model_prefill is not None and engine_prefill > 1.3 * model_prefill
-    k_decode, k_prefill = serving_scales(fitted, arrivals, engine_itl, engine_prefill)
-    assert (k_decode, k_prefill) == pytest.approx((1.3, 1.8), rel=0.02)
-    itl, prefill = simulated_serving(scaled(fitted, k_decode, k_prefill), arrivals)
-    assert (itl, prefill) == pytest.approx((engine_itl, engine_prefill), rel=0.01)
-    assert simulated_throughput(scaled(fitted, k_decode, k_prefill), shapes) == pytest.approx(
+    s = serving_scales(fitted, arrivals, engine_itl, engine_prefill)
+    assert (s.k_decode, s.k_prefill) == pytest.approx((1.3, 1.0), rel=0.03)
+    # a mean over a minute of arrivals tells g within some 10 % (a step more or less moves a few prefills)
+    assert s.g_ms == pytest.approx(g, rel=0.15)
+    assert simulated_serving(s.apply(fitted), arrivals) == pytest.approx((engine_itl, engine_prefill), rel=0.01)
+    assert simulated_throughput(s.apply(fitted), shapes) == pytest.approx(
         simulated_throughput(engine, shapes), rel=0.02
     )
-    assert serving_scales(fitted, arrivals, 100 * engine_itl, 100 * engine_prefill) == (2.5, 2.5)
-    assert serving_scales(fitted, arrivals, engine_itl / 100, engine_prefill / 100) == (0.5, 0.5)
-    one, same = serving_scales(fitted, arrivals, engine_itl, None)
-    assert one == same and simulated_serving(scaled(fitted, one), arrivals)[0] == pytest.approx(engine_itl, rel=1e-3)
-    assert serving_scales(fitted, arrivals, 0.0, engine_prefill) == (1.0, 1.0)
+
+    quick = scaled(fitted, 1.3, 0.7, 0.0)
+    quick_itl, quick_prefill = simulated_serving(quick, arrivals)
+    assert quick_itl is not None and quick_prefill is not None
+    s = serving_scales(fitted, arrivals, quick_itl, quick_prefill)
+    assert s.k_decode == pytest.approx(1.3, rel=0.03) and s.k_prefill == pytest.approx(0.7, rel=0.1)
+    assert s.g_ms == 0.0
+    assert simulated_serving(s.apply(fitted), arrivals) == pytest.approx((quick_itl, quick_prefill), rel=0.01)
+
+    g_bound = INTERACTION_BOUND * fitted.b_ms / fitted.max_num_seqs
+    assert serving_scales(fitted, arrivals, 100 * engine_itl, 100 * engine_prefill) == ServingScales(2.5, 1.0, g_bound)
+    assert serving_scales(fitted, arrivals, engine_itl / 100, engine_prefill / 100) == ServingScales(0.5, 0.5, 0.0)
+    one = serving_scales(fitted, arrivals, engine_itl, None)
+    assert one.k_decode == one.k_prefill and one.g_ms == 0.0
+    assert simulated_serving(one.apply(fitted), arrivals)[0] == pytest.approx(engine_itl, rel=1e-3)
+    assert serving_scales(fitted, arrivals, 0.0, engine_prefill) == ServingScales(1.0, 1.0, 0.0)
     # the regime each ran in, recorded beside the fit: the same arrivals queue longer on slower steps
     light, heavy = simulated_queue_ms(fitted, arrivals), simulated_queue_ms(scaled(fitted, 2.0), arrivals)
     assert light is not None and heavy is not None and heavy > 2 * light
-    assert serving_scales(fitted, arrivals, float("nan")) == (1.0, 1.0)
+    assert serving_scales(fitted, arrivals, float("nan")) == ServingScales(1.0, 1.0, 0.0)
+
+
+def test_a_prefill_cost_that_grows_with_the_decodes_beside_it_holds_at_a_lighter_load() -> None:
+    """Why g and not a factor on the prefill side: fitted on a busy engine, the factor slows every
+    prefill alike, so at a light load (few decodes beside each prompt) the model's prefills are slower
+    than the engine's; g carries the busy engine's extra only where decodes are beside the prompt."""
+    fitted = dataclasses.replace(get_profile("8b-h100"), max_num_seqs=16, max_num_batched_tokens=2048, c_ms=20.0)
+    shapes = serving_mix()
+    never_dry = simulated_throughput(fitted, shapes)
+    busy = poisson_arrivals(0.8 * never_dry / 1.5, 60.0, 0, 0, seed=5, mix=shapes)
+    light = poisson_arrivals(0.15 * never_dry / 1.5, 120.0, 0, 0, seed=6, mix=shapes)
+    engine = scaled(fitted, 1.0, 1.0, 3.0 * fitted.b_ms / fitted.max_num_seqs)
+    engine_itl, engine_prefill = simulated_serving(engine, busy)
+    assert engine_itl is not None and engine_prefill is not None
+    with_g = serving_scales(fitted, busy, engine_itl, engine_prefill).apply(fitted)
+    one_factor = scaled(
+        fitted, 1.0, _matching(lambda k: simulated_serving(scaled(fitted, 1.0, k), busy)[1] or 0.0, engine_prefill)
+    )
+    assert simulated_serving(one_factor, busy)[1] == pytest.approx(engine_prefill, rel=0.01)  # both fit the busy engine
+    light_engine, light_g, light_factor = (simulated_serving(p, light)[1] for p in (engine, with_g, one_factor))
+    assert light_engine is not None and light_g is not None and light_factor is not None
+    assert light_g == pytest.approx(light_engine, rel=0.05)
+    assert light_factor > 1.15 * light_engine
 
 
 def test_the_serving_mix_is_calibrates_own_and_fixed() -> None:

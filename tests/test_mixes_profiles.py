@@ -70,6 +70,9 @@ def test_a_profile_file_in_json_or_yaml(tmp_path: Path) -> None:
     js.write_text(json.dumps({**fields, "max_num_seqs": 128}))
     p = load_profile(js)
     assert (p.name, p.c_ms, p.kv_tokens, p.max_num_seqs, p.max_num_batched_tokens) == ("mine", 20.0, 300000, 128, 8192)
+    assert p.g_ms == 0.0  # optional: the GPU profiles and older calibrated files have no mixed-step term
+    js.write_text(json.dumps({**fields, "g_ms": 0.004}))
+    assert load_profile(js).g_ms == 0.004
     yml = tmp_path / "other.yaml"
     yml.write_text("name: l40s\n" + "".join(f"{k}: {v}\n" for k, v in fields.items()))
     assert get_profile(str(yml)).name == "l40s"
@@ -77,6 +80,7 @@ def test_a_profile_file_in_json_or_yaml(tmp_path: Path) -> None:
         ({k: v for k, v in fields.items() if k != "kv_tokens"}, "missing profile field 'kv_tokens'"),
         ({**fields, "c_ms": "fast"}, "c_ms must be a number"),
         ({**fields, "gpus": 0.5}, "gpus must be a whole number"),
+        ({**fields, "g_ms": -0.001}, "g_ms must be >= 0"),
         ({**fields, "warp": 9}, "unknown profile field"),
         ({**fields, "cold_start_p90_s": 10}, "cold_start_p90_s must be >= cold_start_mean_s"),
     ):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -94,6 +95,28 @@ def test_steps_take_the_profiles_step_time() -> None:
     assert 1000 * req.ttft == pytest.approx(ttft_ms, rel=1e-12)
     assert 1000 * req.finished_at == pytest.approx(ttft_ms + decode_ms, rel=1e-12)
     assert rep.steps == 2 + 49
+
+
+def test_a_prefill_beside_decodes_costs_g_per_token_and_decode() -> None:
+    """A calibrated CPU profile's g·P·D: the step that prefills a prompt beside running decodes lasts
+    g x its prefill tokens x those decodes longer, and a step without either is unchanged."""
+    base = dataclasses.replace(PROFILES["8b-h100"], max_num_batched_tokens=2048)
+    assert base.g_ms == 0.0
+    mixed = dataclasses.replace(base, g_ms=0.002)
+    assert mixed.step_ms(512, 6, 4000, 0.0) == pytest.approx(base.step_ms(512, 6, 4000, 0.0) + 0.002 * 512 * 6)
+    assert mixed.step_ms(0, 6, 4000) == base.step_ms(0, 6, 4000)
+    assert mixed.step_ms(512, 0, 0, 0.0) == base.step_ms(512, 0, 0, 0.0)
+    ttft = {}
+    for name, p in (("base", base), ("mixed", mixed)):
+        rep = SimReplica(p)
+        rep.submit([Request(i, 0.0, 16, 400) for i in range(6)])  # six decodes running
+        late = Request(99, 1.0, 1000, 4)  # then one prompt of 1,000 tokens, in one chunk
+        rep.submit([late])
+        rep.advance(100.0)
+        ttft[name] = late.ttft
+    assert ttft["base"] is not None and ttft["mixed"] is not None
+    # the prompt's step, plus the wait for the step under way (a decode step, the same in both)
+    assert 1000 * (ttft["mixed"] - ttft["base"]) == pytest.approx(0.002 * 1000 * 6, rel=0.02)
 
 
 def test_kv_exhaustion_preempts_and_recovers() -> None:

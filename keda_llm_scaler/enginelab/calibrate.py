@@ -20,8 +20,10 @@ each phase, so only its own requests count) and its cache config:
   (``SERVING_PROMPTS`` x ``SERVING_OUTPUTS``, fresh prompts) at ``SERVING_LOAD`` of the rate the fitted
   model completes that mix at when it never runs dry; the engine's mean inter-token latency and mean
   prefill time over them against the fitted model's on the same arrivals. The decode side's coefficients
-  (``c``, ``d``, ``e``) and the prefill side's (``b``, ``f``) are each multiplied by the factor that makes
-  the model's mean the engine's (``serving_scales``, within ``STEP_SCALE_BOUNDS``). The probes above
+  (``c``, ``d``, ``e``) are multiplied by the factor that makes the model's mean the engine's, and the
+  prefill time the engine spent beyond the probes' goes into ``g``, what a prefill token costs per
+  decode beside it in its step (``serving_scales``, within ``STEP_SCALE_BOUNDS`` and
+  ``INTERACTION_BOUND``). The probes above
   measure each term apart, on an engine mostly idle between steps; serving, a CPU engine's steps are
   slower than their sum: its prefills share steps with a full batch of decodes, and its quota with the
   API server streaming every answer. The first version scaled every coefficient by one factor from a
@@ -29,7 +31,10 @@ each phase, so only its own requests count) and its cache config:
   Poisson load of longer requests the same engines' inter-token latency was 22-63 % above the model's, and
   the simulator held 83 % within the SLO past the knee where the engines held 7-10 %. One factor matched
   on the serving phase's inter-token latency (the second version) left prefills under load a third short
-  (159 ms where the engine took 236) and TTFT p50 11-29 % low at every load (docs/sim-to-real.md);
+  (159 ms where the engine took 236) and TTFT p50 11-29 % low at every load; a factor on the prefill side
+  as well (the third version) slowed every prefill alike, and TTFT p50 at half the knee read 16-41 % high
+  on engines calibrated beside busy neighbours, since a light load puts few decodes beside a prefill
+  (docs/sim-to-real.md);
 - **the API server's own time per request** (tokenizing, the hand-off to the engine, the first chunk's
   write): the client's TTFT less the engine's queue and prefill times, the median over the prefill
   phase's lengths. The simulator adds it to every TTFT, not to the engine's steps (it models the wait
@@ -67,6 +72,7 @@ from keda_llm_scaler.sim.replica import Request, SimReplica
 
 __all__ = [
     "Fit",
+    "ServingScales",
     "calibrate",
     "fit_decode",
     "fit_prefill",
@@ -88,6 +94,8 @@ SERVING_LOAD = 0.8  # of the fitted model's rate when it never runs dry: near th
 SERVING_SEED = 31
 SATURATION_BATCHES = 4  # the model's never-dry rate: this many x max_num_seqs of the mix at once
 STEP_SCALE_BOUNDS = (0.5, 2.5)
+# g x max_num_seqs / b at most: a prefill token beside a full batch of decodes costs at most 5x one alone
+INTERACTION_BOUND = 4.0
 SCALE_ROUNDS = 4  # the two sides matched in turn: each moves the other's mean a little
 PREFILL_PROMPTS = (64, 512, 1024)
 PREFILL_RATE = 0.5  # req/s of Poisson arrivals per prompt length: prompts come while others decode
@@ -150,6 +158,7 @@ class Fit:
     d_ms: float
     e_ms: float
     f_ms: float
+    g_ms: float
     ttft_overhead_ms: float
     kv_tokens: int
     max_num_seqs: int
@@ -179,13 +188,14 @@ def simulated_throughput(profile: Profile, shapes: Sequence[tuple[int, int]]) ->
     return burst_throughput([r.finished_at for r in replica.finished if r.finished_at is not None])
 
 
-def scaled(profile: Profile, k_decode: float, k_prefill: float | None = None) -> Profile:
-    """The profile with the decode side's step coefficients (``c``, ``d``, ``e``) x ``k_decode`` and the
-    prefill side's (``b``, ``f``) x ``k_prefill`` (the same when not given)."""
+def scaled(profile: Profile, k_decode: float, k_prefill: float | None = None, g_ms: float | None = None) -> Profile:
+    """The profile with the decode side's step coefficients (``c``, ``d``, ``e``) x ``k_decode``, the
+    prefill side's (``b``, ``f``) x ``k_prefill`` (the same when not given), and the mixed step's ``g``
+    set to ``g_ms`` (kept when not given)."""
     k_p = k_decode if k_prefill is None else k_prefill
     return dataclasses.replace(
         profile, c_ms=profile.c_ms * k_decode, d_ms=profile.d_ms * k_decode, e_ms=profile.e_ms * k_decode,
-        b_ms=profile.b_ms * k_p, f_ms=profile.f_ms * k_p,
+        b_ms=profile.b_ms * k_p, f_ms=profile.f_ms * k_p, g_ms=profile.g_ms if g_ms is None else g_ms,
     )  # fmt: skip
 
 
@@ -228,10 +238,12 @@ def simulated_queue_ms(profile: Profile, arrivals: Sequence[Arrival]) -> float |
     return 1000.0 * math.fsum(waits) / len(waits) if waits else None
 
 
-def _matching(measure: Callable[[float], float], target: float) -> float:
-    """The factor within ``STEP_SCALE_BOUNDS`` at which ``measure(factor)`` (rising with it) is ``target``,
-    bisected; a bound where even it falls short or overshoots."""
-    low, high = STEP_SCALE_BOUNDS
+def _matching(
+    measure: Callable[[float], float], target: float, bounds: tuple[float, float] = STEP_SCALE_BOUNDS
+) -> float:
+    """The value within ``bounds`` at which ``measure(value)`` (rising with it) is ``target``, bisected; a
+    bound where even it falls short or overshoots."""
+    low, high = bounds
     if measure(high) <= target:
         return high
     if measure(low) >= target:
@@ -245,39 +257,72 @@ def _matching(measure: Callable[[float], float], target: float) -> float:
     return (low + high) / 2
 
 
+@dataclass(frozen=True, slots=True)
+class ServingScales:
+    """How the probes' fit is bent to the engine serving (``serving_scales``)."""
+
+    k_decode: float  # x the decode side's coefficients (c, d, e)
+    k_prefill: float  # x the prefill side's (b, f): 1 unless the engine's prefills were faster than the probes'
+    g_ms: float  # a prefill token's extra cost per decoding sequence beside it
+
+    def apply(self, profile: Profile) -> Profile:
+        return scaled(profile, self.k_decode, self.k_prefill, self.g_ms)
+
+
 def serving_scales(
     profile: Profile, arrivals: Sequence[Arrival], engine_itl_ms: float, engine_prefill_ms: float | None = None
-) -> tuple[float, float]:
-    """The factors on the decode side's and the prefill side's step coefficients (``scaled``) that make the
-    model's mean inter-token latency and mean prefill time on ``arrivals`` the engine's, each within
-    ``STEP_SCALE_BOUNDS`` (past them the probes measured something else than the serving did, and the fit
-    is reported rather than bent that far). Each side moves both means (a prefill shares its step with
-    the decodes, and longer steps fill the batch), so they are matched in turn until they settle. Without
-    an engine prefill time both sides take the one factor that matches the inter-token latency; (1, 1)
+) -> ServingScales:
+    """What makes the model's mean inter-token latency and mean prefill time on ``arrivals`` the engine's.
+
+    The decode side's coefficients take a factor within ``STEP_SCALE_BOUNDS``. A prefill slower than the
+    probes' goes into ``g``, the cost a prefill token adds per decode beside it in its step, within
+    ``INTERACTION_BOUND``: the probes measured prefills beside a few decodes, the serving beside many, and
+    the difference is what the decodes beside them cost. One factor on ``b`` and ``f`` (the third
+    version) matched the mean too, but slowed every prefill alike, and the simulated engines' TTFT p50
+    at half their knee read 16-41 % above the real ones' (docs/sim-to-real.md). A prefill faster than the
+    probes' takes a factor below 1 on ``b`` and ``f`` (nothing in the decodes beside it explains it).
+    Past the bounds the probes measured something else than the serving did, and the fit is reported
+    rather than bent that far. Each side moves both means (a prefill shares its step with the decodes,
+    and longer steps fill the batch), so they are matched in turn until they settle. Without an engine
+    prefill time one factor on every coefficient matches the inter-token latency; (1, 1, g as given)
     when that cannot be told either."""
 
     def known(x: float | None) -> bool:
         return x is not None and x > 0 and math.isfinite(x)
 
+    unchanged = ServingScales(1.0, 1.0, profile.g_ms)
     model_itl, model_prefill = simulated_serving(profile, arrivals)
     if not known(engine_itl_ms) or not known(model_itl):
-        return 1.0, 1.0
+        return unchanged
     if not known(engine_prefill_ms) or not known(model_prefill):
         k = _matching(lambda x: simulated_serving(scaled(profile, x), arrivals)[0] or 0.0, engine_itl_ms)
-        return k, k
+        return ServingScales(k, k, profile.g_ms)
     target_prefill = float(engine_prefill_ms or 0.0)
+    g_bound = INTERACTION_BOUND * profile.b_ms / max(1, profile.max_num_seqs)
 
-    def itl_at(k_prefill: float) -> Callable[[float], float]:
-        return lambda k: simulated_serving(scaled(profile, k, k_prefill), arrivals)[0] or 0.0
+    def itl(s: ServingScales) -> float:
+        return simulated_serving(s.apply(profile), arrivals)[0] or 0.0
 
-    def prefill_at(k_decode: float) -> Callable[[float], float]:
-        return lambda k: simulated_serving(scaled(profile, k_decode, k), arrivals)[1] or 0.0
+    def prefill(s: ServingScales) -> float:
+        return simulated_serving(s.apply(profile), arrivals)[1] or 0.0
 
-    k_decode = k_prefill = 1.0
+    def decode_matched(s: ServingScales) -> ServingScales:
+        k = _matching(lambda k: itl(dataclasses.replace(s, k_decode=k)), engine_itl_ms)
+        return dataclasses.replace(s, k_decode=k)
+
+    def prefill_matched(s: ServingScales) -> ServingScales:
+        plain = dataclasses.replace(s, k_prefill=1.0, g_ms=0.0)
+        if prefill(plain) >= target_prefill or g_bound <= 0:
+            low = STEP_SCALE_BOUNDS[0]
+            k = _matching(lambda k: prefill(dataclasses.replace(plain, k_prefill=k)), target_prefill, (low, 1.0))
+            return dataclasses.replace(plain, k_prefill=k)
+        g = _matching(lambda g: prefill(dataclasses.replace(plain, g_ms=g)), target_prefill, (0.0, g_bound))
+        return dataclasses.replace(plain, g_ms=g)
+
+    s = ServingScales(1.0, 1.0, 0.0)
     for _ in range(SCALE_ROUNDS):
-        k_decode = _matching(itl_at(k_prefill), engine_itl_ms)
-        k_prefill = _matching(prefill_at(k_decode), target_prefill)
-    return k_decode, k_prefill
+        s = prefill_matched(decode_matched(s))
+    return s
 
 
 def fit_prefill(points: Sequence[tuple[int, float]], c_ms: float) -> tuple[float, float]:
@@ -416,24 +461,25 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
     )  # fmt: skip
     serving = asyncio.run(_serving(url, model, fitted, max_model_len))
     arrivals = serving.pop("arrivals")
-    k_decode, k_prefill = serving_scales(fitted, arrivals, serving["engine_itl_ms"], serving["engine_prefill_ms"])
+    scales = serving_scales(fitted, arrivals, serving["engine_itl_ms"], serving["engine_prefill_ms"])
     serving["model_itl_ms"], serving["model_prefill_ms"] = simulated_serving(fitted, arrivals)
-    serving["scaled_itl_ms"], serving["scaled_prefill_ms"] = simulated_serving(
-        scaled(fitted, k_decode, k_prefill), arrivals
-    )
-    serving["scaled_queue_ms"] = simulated_queue_ms(scaled(fitted, k_decode, k_prefill), arrivals)
+    serving["scaled_itl_ms"], serving["scaled_prefill_ms"] = simulated_serving(scales.apply(fitted), arrivals)
+    serving["scaled_queue_ms"] = simulated_queue_ms(scales.apply(fitted), arrivals)
     _say(
         f"serving {serving['rate']:.2f} req/s: the engine's ITL {serving['engine_itl_ms']:.1f} ms and prefill "
         f"{serving['engine_prefill_ms'] or 0:.1f} ms, the fitted model's {serving['model_itl_ms'] or 0:.1f} and "
-        f"{serving['model_prefill_ms'] or 0:.1f}: decode steps x {k_decode:.3f}, prefill x {k_prefill:.3f} "
+        f"{serving['model_prefill_ms'] or 0:.1f}: decode steps x {scales.k_decode:.3f}, prefill x "
+        f"{scales.k_prefill:.3f}, g {scales.g_ms * 1000:.3f} us per prefill token x decode beside it "
         f"(then {serving['scaled_itl_ms'] or 0:.1f} and {serving['scaled_prefill_ms'] or 0:.1f})"
     )
+    final = scales.apply(fitted)
     return Fit(
-        c_ms=c * k_decode,
-        b_ms=b_ms * k_prefill,
-        d_ms=d * k_decode,
-        e_ms=e * k_decode,
-        f_ms=f_ms * k_prefill,
+        c_ms=final.c_ms,
+        b_ms=final.b_ms,
+        d_ms=final.d_ms,
+        e_ms=final.e_ms,
+        f_ms=final.f_ms,
+        g_ms=final.g_ms,
         ttft_overhead_ms=overhead,
         kv_tokens=kv_tokens,
         max_num_seqs=seqs_cap,
@@ -442,8 +488,9 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
             "decode": decode_points,
             "ttft_overhead_ms": overheads,
             "serving": serving,
-            "step_scale": k_decode,
-            "prefill_scale": k_prefill,
+            "step_scale": scales.k_decode,
+            "prefill_scale": scales.k_prefill,
+            "prefill_decode_g_ms": scales.g_ms,
         },
     )
 
@@ -491,6 +538,7 @@ def write_profile(fit: Fit, path: Path, *, name: str, description: str, cold_sta
         "d_ms": round(fit.d_ms, 5),
         "e_ms": round(fit.e_ms, 5),
         "f_ms": float(f"{fit.f_ms:.4g}"),
+        "g_ms": float(f"{fit.g_ms:.4g}"),
         "ttft_overhead_ms": round(fit.ttft_overhead_ms, 3),
         "kv_tokens": fit.kv_tokens,
         "gpus": 1,

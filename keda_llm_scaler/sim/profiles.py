@@ -2,10 +2,12 @@
 
 Step time of one engine iteration, in ms::
 
-    T_step = c + b·P + d·D + e·(K/1000) + f·Σ p_i·(q_i + p_i/2)
+    T_step = c + b·P + d·D + e·(K/1000) + f·Σ p_i·(q_i + p_i/2) + g·P·D
 
 P prefill tokens in the step, D decoding sequences, K context tokens of the decoding sequences,
-p_i/q_i a prefill chunk and the prefix already computed before it.
+p_i/q_i a prefill chunk and the prefix already computed before it. ``g`` is 0 in the bundled (GPU)
+profiles, as in the reference; ``calibrate`` fits it on CPU engines, whose prefill tokens cost more the
+more decodes share their step (docs/sim-to-real.md).
 
 The first three profiles are the reference's P1-P3. The next three have other knees (what limits the
 replica first), derived with the reference's own formulas (§2.2 KV capacity, §2.4 coefficients) from the
@@ -65,6 +67,11 @@ class Profile:
     # hand-off to the engine, the first chunk's write): added to each TTFT, not to the engine's steps. 0 in
     # the GPU profiles, whose coefficients are engine-side; ``calibrate`` measures it on a running engine.
     ttft_overhead_ms: float = 0.0
+    # A prefill token's extra cost per decoding sequence beside it in the step (the model's g·P·D). 0 in
+    # the GPU profiles (the reference has no such term); on a CPU engine a mixed step is slower than its
+    # prefill and its decodes apart, and one prefill factor fitted under load made the prefills of a
+    # lightly loaded engine 16-41 % too slow (docs/sim-to-real.md).
+    g_ms: float = 0.0
 
     def step_ms(self, prefill_tokens: float, decoding: int, context_tokens: float, attention: float = 0.0) -> float:
         """T_step (the module's docstring), the one definition the simulator runs; ``attention`` is
@@ -75,6 +82,7 @@ class Profile:
             + self.d_ms * decoding
             + self.context_ms(context_tokens)
             + self.f_ms * attention
+            + self.g_ms * prefill_tokens * decoding
         )
 
     def context_ms(self, context_tokens: float) -> float:
@@ -151,8 +159,10 @@ PROFILES: Final[dict[str, Profile]] = {
     )
 }
 
-_NUMBERS: Final = ("c_ms", "b_ms", "d_ms", "e_ms", "f_ms", "cold_start_mean_s", "cold_start_p90_s", "ttft_overhead_ms")
-_OPTIONAL: Final = ("max_num_batched_tokens", "max_num_seqs", "ttft_overhead_ms")
+_NUMBERS: Final = (
+    "c_ms", "b_ms", "d_ms", "e_ms", "f_ms", "g_ms", "cold_start_mean_s", "cold_start_p90_s", "ttft_overhead_ms",
+)  # fmt: skip
+_OPTIONAL: Final = ("max_num_batched_tokens", "max_num_seqs", "ttft_overhead_ms", "g_ms")
 _COUNTS: Final = ("kv_tokens", "gpus", "max_num_batched_tokens", "max_num_seqs")
 
 
