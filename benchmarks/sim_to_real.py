@@ -29,6 +29,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -43,11 +44,12 @@ from keda_llm_scaler.enginelab.calibrate import (
     calibrate,
     serving_mix,
     serving_scales,
+    simulated_throughput,
     write_profile,
 )
 from keda_llm_scaler.enginelab.loadgen import Arrival, run_load, summarize
+from keda_llm_scaler.enginelab.sweep import burst_throughput, poisson_arrivals
 from keda_llm_scaler.enginelab.sweep import capacity_at_slo as real_capacity_at_slo
-from keda_llm_scaler.enginelab.sweep import poisson_arrivals
 from keda_llm_scaler.sim.profiles import get_profile, load_profile
 from keda_llm_scaler.sim.run import RunConfig, capacity_at_slo, percentile, simulate
 from keda_llm_scaler.sim.trace import BUNDLED_TRACE, TraceRequest, load_trace
@@ -55,6 +57,8 @@ from keda_llm_scaler.sim.trace import BUNDLED_TRACE, TraceRequest, load_trace
 SLO_S = 1.0
 LOADS = (0.5, 0.9, 1.3)
 MAX_PROMPT, MAX_OUTPUT = 512, 128
+DRAIN_BATCHES = 4  # the drain check: this many x max_num_seqs requests of the loads' mix to each engine at once
+DRAIN_SEED = 17
 
 
 def _say(msg: str) -> None:
@@ -83,6 +87,29 @@ def _calibrate_in_fleet(urls: list[str], model: str, out: Path) -> Fit:
             log.close()
             if proc.returncode != 0:  # its engine was then not busy throughout: the run should say so
                 _say(f"a neighbour's calibration ended with {proc.returncode}: see {log.name}")
+
+
+def _drain_shapes(mix: list[tuple[int, int]], max_num_seqs: int) -> list[tuple[int, int]]:
+    return random.Random(DRAIN_SEED).sample(mix, DRAIN_BATCHES * max_num_seqs)
+
+
+def _drain(urls: list[str], model: str, profile_path: Path, mix: list[tuple[int, int]]) -> dict[str, Any]:
+    """How fast a saturated engine drains the loads' mix: the same burst to every engine at once, each
+    one's completion rate from its first completion to its last, against the simulator's for the same
+    burst. Past the knee the queue drains at this rate: a simulator that drains faster holds more
+    requests within the SLO there than the engines do."""
+    profile = get_profile(str(profile_path))
+    shapes = _drain_shapes(mix, profile.max_num_seqs)
+    burst = [Arrival(0.0, p, o) for p, o in shapes]
+
+    async def each() -> list[Any]:
+        return list(await asyncio.gather(*(run_load([u], burst, model, timeout_s=900) for u in urls)))
+
+    real = [
+        burst_throughput([r.sent + r.e2e_s for r in res.records if r.error is None and r.e2e_s is not None])
+        for res in asyncio.run(each())
+    ]
+    return {"requests": len(shapes), "real_rps": real, "sim_rps": simulated_throughput(profile, shapes)}
 
 
 def _real(urls: list[str], model: str, arrivals: list[Arrival]) -> dict[str, Any]:
@@ -167,6 +194,10 @@ def resimulate(run: Path, out: Path, duration_s: float) -> dict[str, Any]:
         loads = poisson_arrivals(row["rate"], duration_s, 0, 0, seed=100 * n + i, mix=mix)
         assert len(loads) == row["real"]["requests"], "the recorded run's arrivals were not these"
         row["sim"] = _sim(str(profile_path), n, loads)
+    if "drain" in result:  # runs since 2026-12-05
+        shapes = _drain_shapes(mix, get_profile(str(profile_path)).max_num_seqs)
+        assert len(shapes) == result["drain"]["requests"], "the recorded run's burst was not this"
+        result["drain"]["sim_rps"] = simulated_throughput(get_profile(str(profile_path)), shapes)
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -244,6 +275,8 @@ def main() -> int:
                 row["real_repeats"] = runs
             rows.append(row)
             _say(json.dumps(row))
+    drain = _drain(urls, model, profile_path, mix)
+    _say(f"drain: {json.dumps(drain)}")
     result = {
         "config": config,
         "calibrated": "alone" if args.alone else f"beside {len(urls) - 1} neighbours calibrating",
@@ -253,6 +286,7 @@ def main() -> int:
         "sweep": [(p.rate, p.attainment) for p in points],
         "slo_s": SLO_S,
         "rows": rows,
+        "drain": drain,
     }
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(table(result))
@@ -281,6 +315,12 @@ def table(result: dict[str, Any]) -> str:
                 or "—"
             )
             + " |"
+        )
+    if "drain" in result:
+        d = result["drain"]
+        lines.append(
+            f"\nA saturated engine draining {d['requests']} requests of the loads' mix sent at once (every engine "
+            f"at once): real {', '.join(f'{x:.2f}' for x in d['real_rps'])} req/s, simulated {d['sim_rps']:.2f}."
         )
     return "\n".join(lines)
 
