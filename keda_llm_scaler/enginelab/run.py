@@ -24,7 +24,17 @@ from pathlib import Path
 from keda_llm_scaler.enginelab.build import MODEL_NAME, EngineEnv, ensure_model
 from keda_llm_scaler.enginelab.cgroups import CpuQuota
 
-__all__ = ["Engine", "EngineSpec", "free_port", "is_ready", "launch_engine", "start_engines", "stop_engines"]
+__all__ = [
+    "Engine",
+    "EngineSpec",
+    "free_port",
+    "is_ready",
+    "launch_engine",
+    "native_dtype",
+    "resolved_dtype",
+    "start_engines",
+    "stop_engines",
+]
 
 READY_TIMEOUT_S = 900.0  # several engines compiling at once on 2 cores
 
@@ -42,6 +52,31 @@ class EngineSpec:
     max_model_len: int = 2048
     host: str = "127.0.0.1"
     extra_args: tuple[str, ...] = ()
+    dtype: str = "auto"  # vLLM's --dtype; "auto": native_dtype()
+
+
+# CPU flags that make bfloat16 a native type for vLLM's CPU kernels (AVX512-BF16, AMX)
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def native_dtype(cpuinfo: str | None = None) -> str:
+    """bfloat16 on CPUs that compute it natively, float32 elsewhere. On an AVX2-only CPU (an AMD EPYC
+    here) the same 7-layer engine under bfloat16 decoded one sequence at 67 ms a token where bfloat16
+    machines decoded an 8-layer one at 11: every bfloat16 operation converts through float32 there."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "bfloat16"
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    return "bfloat16" if flags & BF16_FLAGS else "float32"
+
+
+def resolved_dtype(spec: EngineSpec) -> str:
+    return native_dtype() if spec.dtype == "auto" else spec.dtype
 
 
 @dataclass
@@ -95,7 +130,7 @@ def _argv(env: EngineEnv, spec: EngineSpec, port: int) -> list[str]:
         "--max-model-len",
         str(spec.max_model_len),
         "--dtype",
-        "bfloat16",
+        resolved_dtype(spec),
         *spec.extra_args,
     ]
 
