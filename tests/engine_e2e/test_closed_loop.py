@@ -141,15 +141,22 @@ def run_profile(pods: Pods, fleet: Fleet, steps: list[tuple[float, float, float]
                f"{fleet.namespace}'s streams done", interval=1)  # fmt: skip
 
 
-def profile(throughput: float) -> list[tuple[float, float, float]]:
+def profile(throughput: float, cold_start_s: float) -> list[tuple[float, float, float]]:
     """Ramp, a plateau above one engine's capacity, a burst, a fall: in units of one engine's saturated
     throughput T (its capacity within a 2 s TTFT is about 0.8 T: two engines serve the plateau at about
-    80 % and the burst at about 95 %; a burst shorter than a cold start is served by what is there)."""
+    80 % and the burst at about 95 %; a burst shorter than a cold start is served by what is there).
+
+    The plateau outlasts a cold start measured in the same run, with time to drain the queue it leaves:
+    the excluded stretch must end before the burst, and an engine's start-up here runs from 100 s to
+    250 s with the CPU (an AVX2-only machine's plateau of 120 s ended 4 s before its second engine was
+    ready)."""
     t = throughput
-    return [(120, 0.2 * t, 1.3 * t), (120, 1.3 * t, 1.3 * t), (20, 1.5 * t, 1.5 * t), (90, 0.3 * t, 0.3 * t)]
+    plateau = max(120.0, cold_start_s + 90.0)
+    return [(120, 0.2 * t, 1.3 * t), (plateau, 1.3 * t, 1.3 * t), (20, 1.5 * t, 1.5 * t), (90, 0.3 * t, 0.3 * t)]
 
 
-BURST_STARTS_S = 240.0  # the sum of the first two steps' lengths
+def burst_starts_s(steps: list[tuple[float, float, float]]) -> float:
+    return steps[0][0] + steps[1][0]
 
 
 @dataclass
@@ -168,11 +175,13 @@ def static(api: Api, pods: Pods) -> Iterator[StaticRun]:
     container, grace = drain_container()
     fleet = new_fleet(api, "static")
     fleet.replicas = PEAK
+    created = time.monotonic()
     fleet.create(grace_s=grace, container=container)
     ready = all_ready(pods, fleet, PEAK)
+    cold_start_s = time.monotonic() - created  # PEAK engines starting at once: no shorter than one alone
     throughput = saturated_throughput(ready[0]["url"], MODEL_NAME, 96, PROMPT, OUTPUT)
     assert throughput > 0.5, "an engine that serves nothing: the engine, not the scaler, is broken"
-    steps = profile(throughput)
+    steps = profile(throughput, cold_start_s)
     timeline = Timeline()
     started = time.time()
     run_profile(pods, fleet, steps[:-1], timeline)
@@ -280,7 +289,7 @@ def test_a_real_fleet_scales_out_and_back_and_holds_the_slo(api: Api, pods: Pods
     print(json.dumps(report), file=sys.stderr)
     gone(api, pods, fleet)
     assert timeline.first_scaled_ready is not None and peak >= 2, report  # 1 -> N
-    assert offset is not None and offset < BURST_STARTS_S, report  # the excluded stretch hides no burst
+    assert offset is not None and offset < burst_starts_s(static.steps), report  # the excluded stretch hides no burst
     # the bound: the peak fleet serves this load over the same stretch (else the load, not the scaler, is wrong)
     assert attainment(static_after) >= 0.95, report
     assert attainment(after) >= 0.95, report
