@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -88,8 +89,12 @@ async def until(check: object, timeout: float, what: str, state: object = None) 
         await asyncio.sleep(0.3)
 
 
+def slice_addresses(slices: list[dict[str, Any]]) -> set[str]:
+    return {a for s in slices for e in s.get("endpoints") or [] for a in e.get("addresses") or []}
+
+
 def addresses(informer: Informer) -> set[str]:
-    return {a for s in informer.items() for e in s.get("endpoints") or [] for a in e.get("addresses") or []}
+    return slice_addresses(informer.items())
 
 
 @pytest.fixture
@@ -114,7 +119,7 @@ def views(fleet: Fleet, informer: Informer) -> str:
     """The informer's state beside the server's: its addresses, error, lists and watches, and the
     addresses the API server's own EndpointSlices hold now."""
     listed = fleet.api.list("discovery.k8s.io/v1", "EndpointSlice", fleet.namespace)
-    server = {a for s in listed["items"] for e in s.get("endpoints") or [] for a in e.get("addresses") or []}
+    server = slice_addresses(listed["items"])
     return (f"informer: {sorted(addresses(informer))}, error {informer.error!r}, lists {informer.lists}, "
             f"watches {informer.watches}, version {informer.resource_version}; server: {sorted(server)}, "
             f"audit (lists, watches) {server_counts(fleet.namespace)}")  # fmt: skip
