@@ -38,13 +38,18 @@ from pathlib import Path
 from typing import Any
 
 from keda_llm_scaler.enginelab.calibrate import (
+    OVERLOAD_SECONDS,
+    OVERLOAD_SEED,
+    OVERLOAD_WINDOW,
     SERVING_SECONDS,
     SERVING_SEED,
     Fit,
     calibrate,
+    scaled,
     serving_mix,
     serving_scales,
     simulated_throughput,
+    steady_scale,
     write_profile,
 )
 from keda_llm_scaler.enginelab.loadgen import Arrival, run_load, summarize
@@ -152,24 +157,34 @@ def _sim(profile: str, n: int, arrivals: list[Arrival]) -> dict[str, Any]:
 
 def resimulate(run: Path, out: Path, duration_s: float) -> dict[str, Any]:
     """The simulator's side of a recorded run again, with calibrate's current rule: the fitted profile
-    before its serving scale (the recorded coefficients over the recorded factor), scaled again from the
-    recorded serving phase (its arrivals are rebuilt from their rate and seed), and each load's arrivals
-    (rebuilt from their seed) replayed through it. The real engines' rows are the recorded ones."""
+    before its serving and steady scales (the recorded coefficients over the recorded factors), scaled again
+    from the recorded serving phase and, on runs since 2026-12-05 that have one, the steady-overload phase
+    (their arrivals are rebuilt from their rates and seeds), and each load's arrivals (rebuilt from their
+    seed) replayed through it. The real engines' rows are the recorded ones."""
     recorded = json.loads((run / "profile.json").read_text())
     points = recorded["fit_points"]
     serving = points["serving"]
-    k_d, k_p = points["step_scale"], points.get("prefill_scale", points["step_scale"])
+    k_s = points.get("steady_scale", 1.0)
+    k_d, k_p = k_s * points["step_scale"], k_s * points.get("prefill_scale", points["step_scale"])
     fitted = dataclasses.replace(
         load_profile(run / "profile.json"), c_ms=recorded["c_ms"] / k_d, d_ms=recorded["d_ms"] / k_d,
         e_ms=recorded["e_ms"] / k_d, b_ms=recorded["b_ms"] / k_p, f_ms=recorded["f_ms"] / k_p, g_ms=0.0,
     )  # fmt: skip
     arrivals = poisson_arrivals(serving["rate"], SERVING_SECONDS, 0, 0, seed=SERVING_SEED, mix=serving_mix())
     scales = serving_scales(fitted, arrivals, serving["engine_itl_ms"], serving.get("engine_prefill_ms"))
+    served = scales.apply(fitted)
+    k_steady = 1.0
+    if "steady" in points:
+        steady = points["steady"]
+        overload = poisson_arrivals(steady["rate"], OVERLOAD_SECONDS, 0, 0, seed=OVERLOAD_SEED, mix=serving_mix())
+        assert len(overload) == steady["requests"], "the recorded run's overload arrivals were not these"
+        k_steady = steady_scale(served, overload, OVERLOAD_WINDOW, steady["engine_rps"])
     _say(
         f"{run}: decode steps x {scales.k_decode:.3f}, prefill x {scales.k_prefill:.3f}, "
-        f"g {scales.g_ms * 1000:.3f} us (recorded: x {k_d:.3f}, x {k_p:.3f}, g {recorded.get('g_ms', 0) * 1000:.3f} us)"
+        f"g {scales.g_ms * 1000:.3f} us, every step x {k_steady:.3f} (recorded: x {points['step_scale']:.3f}, "
+        f"x {points.get('prefill_scale', points['step_scale']):.3f}, every step x {k_s:.3f})"
     )
-    final = scales.apply(fitted)
+    final = scaled(served, k_steady, k_steady, served.g_ms * k_steady)
     profile = {
         **{k: v for k, v in recorded.items() if k != "fit_points"},
         "c_ms": round(final.c_ms, 4), "d_ms": round(final.d_ms, 5), "e_ms": round(final.e_ms, 5),
@@ -179,7 +194,7 @@ def resimulate(run: Path, out: Path, duration_s: float) -> dict[str, Any]:
     profile_path = out / "profile.json"
     fit_points = {
         **points, "step_scale": scales.k_decode, "prefill_scale": scales.k_prefill,
-        "prefill_decode_g_ms": scales.g_ms, "resimulated_from": str(run),
+        "prefill_decode_g_ms": scales.g_ms, "steady_scale": k_steady, "resimulated_from": str(run),
     }  # fmt: skip
     profile_path.write_text(json.dumps({**profile, "fit_points": fit_points}, indent=2) + "\n")
     result: dict[str, Any] = json.loads((run / "results.json").read_text())

@@ -14,6 +14,8 @@ import pytest
 
 from keda_llm_scaler.enginelab.calibrate import (
     INTERACTION_BOUND,
+    OVERLOAD_WINDOW,
+    STEADY_SCALE_BOUNDS,
     Fit,
     ServingScales,
     _matching,
@@ -27,6 +29,8 @@ from keda_llm_scaler.enginelab.calibrate import (
     simulated_queue_ms,
     simulated_serving,
     simulated_throughput,
+    simulated_window_rate,
+    steady_scale,
     write_profile,
 )
 from keda_llm_scaler.enginelab.sweep import poisson_arrivals
@@ -174,6 +178,48 @@ def test_a_prefill_cost_that_grows_with_the_decodes_beside_it_holds_at_a_lighter
     assert light_engine is not None and light_g is not None and light_factor is not None
     assert light_g == pytest.approx(light_engine, rel=0.05)
     assert light_factor > 1.15 * light_engine
+
+
+def test_the_steady_scale_makes_the_model_serve_steady_overload_at_the_engines_rate() -> None:
+    """calibrate's last phase: an engine that serves steady overload 25 % slower than the model (every
+    step x 1.25: the same arrivals through the model so slowed stand in for it) gets 1.25 back, and the
+    model so scaled then queues a load past the knee of another mix as that engine does. The rate is
+    counted only in the window, where both run with a queue; an unknown rate leaves the model alone, and
+    one past the bounds takes the bound."""
+    served = dataclasses.replace(get_profile("8b-h100"), max_num_seqs=16, max_num_batched_tokens=2048, c_ms=20.0)
+    shapes = serving_mix()
+    never_dry = simulated_throughput(served, shapes)
+    overload = poisson_arrivals(1.5 * never_dry, OVERLOAD_WINDOW[1], 0, 0, seed=37, mix=shapes)
+    engine = scaled(served, 1.25, 1.25, served.g_ms * 1.25)
+    engine_rps = simulated_window_rate(engine, overload, OVERLOAD_WINDOW)
+    model_rps = simulated_window_rate(served, overload, OVERLOAD_WINDOW)
+    assert engine_rps < 0.85 * model_rps  # saturated, each completes at its own rate, not the arrivals'
+    k = steady_scale(served, overload, OVERLOAD_WINDOW, engine_rps)
+    assert k == pytest.approx(1.25, rel=0.03)
+    final = scaled(served, k, k, served.g_ms * k)
+    assert simulated_window_rate(final, overload, OVERLOAD_WINDOW) == pytest.approx(engine_rps, rel=0.02)
+
+    # held out: another mix at 1.2 x what the engine serves of it, the median wait in the queue
+    other = [(p // 2, 2 * o) for p, o in shapes]
+    flood = poisson_arrivals(3 * never_dry, 60.0, 0, 0, seed=2, mix=other)
+    past_knee = poisson_arrivals(
+        1.2 * simulated_window_rate(engine, flood, (15.0, 60.0)), 60.0, 0, 0, seed=4, mix=other
+    )
+
+    def median_wait(profile: object) -> float:
+        replica = SimReplica(profile)  # type: ignore[arg-type]
+        replica.submit([Request(i, a.t, a.prompt_tokens, a.output_tokens) for i, a in enumerate(past_knee)])
+        replica.advance(3600.0)
+        waits = sorted(r.queued_at_admit for r in replica.finished if r.queued_at_admit is not None)
+        return waits[len(waits) // 2]
+
+    assert median_wait(final) == pytest.approx(median_wait(engine), rel=0.1)
+    assert median_wait(served) < 0.5 * median_wait(engine)  # the unscaled model queues far less
+
+    assert steady_scale(served, overload, OVERLOAD_WINDOW, 0.0) == 1.0
+    assert steady_scale(served, overload, OVERLOAD_WINDOW, float("nan")) == 1.0
+    assert steady_scale(served, overload, OVERLOAD_WINDOW, engine_rps / 100) == STEADY_SCALE_BOUNDS[1]
+    assert steady_scale(served, overload, OVERLOAD_WINDOW, model_rps * 100) == STEADY_SCALE_BOUNDS[0]
 
 
 def test_the_serving_mix_is_calibrates_own_and_fixed() -> None:

@@ -84,6 +84,8 @@ __all__ = [
     "simulated_queue_ms",
     "simulated_serving",
     "simulated_throughput",
+    "simulated_window_rate",
+    "steady_scale",
 ]
 
 # the serving phase: calibrate's own mix (not a workload it reports on), uniform over these ranges
@@ -97,6 +99,14 @@ STEP_SCALE_BOUNDS = (0.5, 2.5)
 # g x max_num_seqs / b at most: a prefill token beside a full batch of decodes costs at most 5x one alone
 INTERACTION_BOUND = 4.0
 SCALE_ROUNDS = 4  # the two sides matched in turn: each moves the other's mean a little
+# the steady-overload phase: calibrate's mix sent faster than the serving-scaled model completes it when it
+# never runs dry, so the engine runs with a queue from a few seconds in; its completions in the window are
+# the rate it serves at under steady overload, which is what a queue past the knee drains at
+OVERLOAD_LOAD = 1.5
+OVERLOAD_SECONDS = 60.0
+OVERLOAD_WINDOW = (15.0, 60.0)  # completions counted from here to there (s from the first arrival)
+OVERLOAD_SEED = 37
+STEADY_SCALE_BOUNDS = (0.67, 1.5)
 PREFILL_PROMPTS = (64, 512, 1024)
 PREFILL_RATE = 0.5  # req/s of Poisson arrivals per prompt length: prompts come while others decode
 PREFILL_REQUESTS = 12
@@ -325,6 +335,36 @@ def serving_scales(
     return s
 
 
+def simulated_window_rate(profile: Profile, arrivals: Sequence[Arrival], window: tuple[float, float]) -> float:
+    """Requests per second the simulated replica completes within ``window`` (s) of ``arrivals``."""
+    start, end = window
+    done = sum(1 for r in _served(profile, arrivals) if r.finished_at is not None and start <= r.finished_at < end)
+    return done / (end - start)
+
+
+def steady_scale(
+    profile: Profile, arrivals: Sequence[Arrival], window: tuple[float, float], engine_rps: float
+) -> float:
+    """The factor on every step coefficient (``c``, ``b``, ``d``, ``e``, ``f``, ``g``) that makes the model
+    complete ``arrivals`` within ``window`` at the engine's rate, within ``STEADY_SCALE_BOUNDS``; 1 when the
+    engine's rate is unknown.
+
+    Sent faster than either serves, the model and the engine both complete at their steady rate in the
+    window, and the queue past the knee grows by the arrival rate less that one. A CPU engine held to a
+    quota serves steady overload below the rate its steps add up to (config E's engines: 27 % below the
+    rate they drain a burst at, throttled in every CFS period while their engine core and worker spin),
+    and the serving phase below saturation does not see it. The same factor on every term keeps the
+    serving phase's split between decode and prefill."""
+    if not (engine_rps > 0 and math.isfinite(engine_rps)):
+        return 1.0
+
+    def slowness(k: float) -> float:  # rises with k: the model's completion time per request
+        rate = simulated_window_rate(scaled(profile, k, k, profile.g_ms * k), arrivals, window)
+        return 1.0 / rate if rate > 0 else math.inf
+
+    return _matching(slowness, 1.0 / engine_rps, STEADY_SCALE_BOUNDS)
+
+
 def fit_prefill(points: Sequence[tuple[int, float]], c_ms: float) -> tuple[float, float]:
     """(prompt P, prefill ms) -> b, f of ``prefill = c + b·P + f·P²/2``, each >= 0."""
     b, f = least_squares([(float(p), p * p / 2.0) for p, _ in points], [y - c_ms for _, y in points])
@@ -472,7 +512,23 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
         f"{scales.k_prefill:.3f}, g {scales.g_ms * 1000:.3f} us per prefill token x decode beside it "
         f"(then {serving['scaled_itl_ms'] or 0:.1f} and {serving['scaled_prefill_ms'] or 0:.1f})"
     )
-    final = scales.apply(fitted)
+    served = scales.apply(fitted)
+    steady = asyncio.run(_steady_overload(url, model, served, max_model_len))
+    overload = steady.pop("arrivals")
+    k_steady = steady_scale(served, overload, OVERLOAD_WINDOW, steady["engine_rps"])
+    final = scaled(served, k_steady, k_steady, served.g_ms * k_steady)
+    steady["model_rps"] = simulated_window_rate(served, overload, OVERLOAD_WINDOW)
+    steady["scaled_rps"] = simulated_window_rate(final, overload, OVERLOAD_WINDOW)
+    steady["model_itl_ms"], steady["model_prefill_ms"] = simulated_serving(served, overload)
+    steady["scaled_itl_ms"], steady["scaled_prefill_ms"] = simulated_serving(final, overload)
+    serving["steady_itl_ms"], serving["steady_prefill_ms"] = simulated_serving(final, arrivals)
+    _say(
+        f"steady overload {steady['rate']:.2f} req/s: the engine served {steady['engine_rps']:.2f} req/s "
+        f"(waiting {steady['engine_waiting_mean']:.1f}, running {steady['engine_running_mean']:.1f} on average), "
+        f"the serving-scaled model {steady['model_rps']:.2f}: every step x {k_steady:.3f} "
+        f"(then {steady['scaled_rps']:.2f} req/s; the serving phase's ITL {serving['steady_itl_ms'] or 0:.1f} ms "
+        f"and prefill {serving['steady_prefill_ms'] or 0:.1f} ms)"
+    )
     return Fit(
         c_ms=final.c_ms,
         b_ms=final.b_ms,
@@ -491,6 +547,8 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
             "step_scale": scales.k_decode,
             "prefill_scale": scales.k_prefill,
             "prefill_decode_g_ms": scales.g_ms,
+            "steady": steady,
+            "steady_scale": k_steady,
         },
     )
 
@@ -526,6 +584,63 @@ async def _serving(url: str, model: str, fitted: Profile, max_model_len: int) ->
         "engine_prefill_ms": None if prefill is None else prefill * 1000.0,
         # not fitted on: whether the engine queued as the model does says if the two ran in one regime
         "engine_queue_ms": None if queued is None else queued * 1000.0,
+    }
+
+
+async def _steady_overload(url: str, model: str, served: Profile, max_model_len: int) -> dict[str, Any]:
+    """The steady-overload phase: Poisson arrivals of ``serving_mix`` at ``OVERLOAD_LOAD`` of the rate the
+    serving-scaled model completes the mix at when it never runs dry, for ``OVERLOAD_SECONDS``; the
+    engine's completions within ``OVERLOAD_WINDOW`` (counted by this client as the answers end), and its
+    waiting and running gauges over the window (a queue throughout says the rate is the engine's, not the
+    arrivals'). The queue left at the end drains before the next use of the engine."""
+    mix = [(p, o) for p, o in serving_mix() if p + o <= max_model_len] or [(64, 32)]
+    burst = [mix[i % len(mix)] for i in range(SATURATION_BATCHES * served.max_num_seqs)]
+    rate = max(0.1, OVERLOAD_LOAD * simulated_throughput(served, burst))
+    arrivals = poisson_arrivals(rate, OVERLOAD_SECONDS, 0, 0, seed=OVERLOAD_SEED, mix=mix)
+    _say(f"steady overload: {len(arrivals)} requests over {OVERLOAD_SECONDS:.0f} s at {rate:.2f} req/s")
+    gauges: list[tuple[float, float, float]] = []  # (s from the first arrival, waiting, running)
+    stop = asyncio.Event()
+    start = time.monotonic()
+
+    async def sample() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                g = (await asyncio.to_thread(_scrape, url))["gauge"]
+                gauges.append(
+                    (
+                        time.monotonic() - start,
+                        g.get("vllm:num_requests_waiting", 0.0),
+                        g.get("vllm:num_requests_running", 0.0),
+                    )
+                )
+            await asyncio.sleep(0.5)
+
+    before = await asyncio.to_thread(_scrape, url)
+    sampler = asyncio.create_task(sample())
+    try:
+        result = await run_load([url], arrivals, model, timeout_s=900)
+    finally:
+        stop.set()
+        await sampler
+    after = await asyncio.to_thread(_scrape, url)
+    failed = [r.error for r in result.records if r.error is not None or r.e2e_s is None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(arrivals)} overload requests failed: {failed[:3]}")
+    low, high = OVERLOAD_WINDOW
+    done = sum(1 for r in result.records if r.e2e_s is not None and low <= r.sent + r.e2e_s < high)
+    inside = [(w, n) for t, w, n in gauges if low <= t < high]
+    itl = _mean_delta(before, after, "vllm:inter_token_latency_seconds")
+    prefill = _mean_delta(before, after, "vllm:request_prefill_time_seconds")
+    return {
+        "arrivals": arrivals,
+        "rate": rate,
+        "requests": len(arrivals),
+        "window_s": list(OVERLOAD_WINDOW),
+        "engine_rps": done / (high - low),
+        "engine_waiting_mean": statistics.fmean(w for w, _ in inside) if inside else 0.0,
+        "engine_running_mean": statistics.fmean(n for _, n in inside) if inside else 0.0,
+        "engine_itl_ms": None if itl is None else itl * 1000.0,
+        "engine_prefill_ms": None if prefill is None else prefill * 1000.0,
     }
 
 
