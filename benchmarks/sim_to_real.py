@@ -155,12 +155,13 @@ def _sim(profile: str, n: int, arrivals: list[Arrival]) -> dict[str, Any]:
     }
 
 
-def resimulate(run: Path, out: Path, duration_s: float) -> dict[str, Any]:
+def resimulate(run: Path, out: Path, duration_s: float, *, steady: bool = True) -> dict[str, Any]:
     """The simulator's side of a recorded run again, with calibrate's current rule: the fitted profile
     before its serving and steady scales (the recorded coefficients over the recorded factors), scaled again
     from the recorded serving phase and, on runs since 2026-12-05 that have one, the steady-overload phase
     (their arrivals are rebuilt from their rates and seeds), and each load's arrivals (rebuilt from their
-    seed) replayed through it. The real engines' rows are the recorded ones."""
+    seed) replayed through it. The real engines' rows are the recorded ones. ``steady=False`` leaves the
+    steady-overload phase out: what the rule before it gives on the same run."""
     recorded = json.loads((run / "profile.json").read_text())
     points = recorded["fit_points"]
     serving = points["serving"]
@@ -174,11 +175,11 @@ def resimulate(run: Path, out: Path, duration_s: float) -> dict[str, Any]:
     scales = serving_scales(fitted, arrivals, serving["engine_itl_ms"], serving.get("engine_prefill_ms"))
     served = scales.apply(fitted)
     k_steady = 1.0
-    if "steady" in points:
-        steady = points["steady"]
-        overload = poisson_arrivals(steady["rate"], OVERLOAD_SECONDS, 0, 0, seed=OVERLOAD_SEED, mix=serving_mix())
-        assert len(overload) == steady["requests"], "the recorded run's overload arrivals were not these"
-        k_steady = steady_scale(served, overload, OVERLOAD_WINDOW, steady["engine_rps"])
+    if "steady" in points and steady:
+        phase = points["steady"]
+        overload = poisson_arrivals(phase["rate"], OVERLOAD_SECONDS, 0, 0, seed=OVERLOAD_SEED, mix=serving_mix())
+        assert len(overload) == phase["requests"], "the recorded run's overload arrivals were not these"
+        k_steady = steady_scale(served, overload, OVERLOAD_WINDOW, phase["engine_rps"])
     _say(
         f"{run}: decode steps x {scales.k_decode:.3f}, prefill x {scales.k_prefill:.3f}, "
         f"g {scales.g_ms * 1000:.3f} us, every step x {k_steady:.3f} (recorded: x {points['step_scale']:.3f}, "
@@ -242,6 +243,11 @@ def main() -> int:
         "rule (its serving phase refitted), into --out (use the run's --duration)",
     )
     ap.add_argument(
+        "--no-steady",
+        action="store_true",
+        help="with --resimulate: leave calibrate's steady-overload phase out (the rule before it)",
+    )
+    ap.add_argument(
         "--alone",
         action="store_true",
         help="calibrate and sweep engine 0 with the other engines idle (default: every engine at once, as the "
@@ -249,7 +255,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     if args.resimulate is not None:
-        print(table(resimulate(args.resimulate, args.out, args.duration)))
+        print(table(resimulate(args.resimulate, args.out, args.duration, steady=not args.no_steady)))
         return 0
     urls = os.environ["KLS_ENGINE_URLS"].split(",")
     model = os.environ["KLS_ENGINE_MODEL"]

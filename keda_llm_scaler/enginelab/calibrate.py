@@ -1,6 +1,6 @@
 """``keda-llm-scaler calibrate``: a replica profile for the simulator, fitted on a running engine.
 
-It sends its own load in two phases and reads the engine's own histograms (sum and count before and after
+It sends its own load in phases and reads the engine's own histograms (sum and count before and after
 each phase, so only its own requests count) and its cache config:
 
 - **prefill, under load**: for each of several prompt lengths, Poisson arrivals of requests with that
@@ -35,6 +35,13 @@ each phase, so only its own requests count) and its cache config:
   as well (the third version) slowed every prefill alike, and TTFT p50 at half the knee read 16-41 % high
   on engines calibrated beside busy neighbours, since a light load puts few decodes beside a prefill
   (docs/sim-to-real.md);
+- **the engine under steady overload**: ``OVERLOAD_SECONDS`` of Poisson arrivals of the same mix at
+  ``OVERLOAD_LOAD`` of the rate the serving-scaled model completes it at when it never runs dry; the
+  engine's completions within ``OVERLOAD_WINDOW``, where it runs with a queue, are the rate a queue past
+  the knee drains at. Every step coefficient takes the factor that makes the model's completions in the
+  same window the engine's (``steady_scale``, within ``STEADY_SCALE_BOUNDS``). Config E's engines served
+  steady overload 27 % below the rate they drained a burst at, and a simulator scaled below saturation
+  queued half as long as they did past the knee (docs/sim-to-real.md);
 - **the API server's own time per request** (tokenizing, the hand-off to the engine, the first chunk's
   write): the client's TTFT less the engine's queue and prefill times, the median over the prefill
   phase's lengths. The simulator adds it to every TTFT, not to the engine's steps (it models the wait
