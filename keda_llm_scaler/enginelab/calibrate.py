@@ -398,30 +398,41 @@ async def _burst(url: str, model: str, n: int, prompt: int, output: int) -> list
     return result.records
 
 
-async def _loaded_prefill(url: str, model: str, prompt: int, seed: int) -> tuple[float, float, float, float]:
-    """Poisson arrivals of ``prompt``-token requests at ``PREFILL_RATE``: the engine's mean prefill and
-    queue times (s), the mean requests running (sampled every 0.1 s), the client's mean TTFT (s)."""
-    running: list[float] = []
+async def _sampled_load(
+    url: str, model: str, arrivals: Sequence[Arrival], *, timeout_s: float, period_s: float
+) -> tuple[Any, dict[str, Any], dict[str, Any], list[tuple[float, dict[str, float]]]]:
+    """``arrivals`` sent to the engine, with its metrics scraped before and after and its gauges every
+    ``period_s`` meanwhile: (the load's result, before, after, [(s from the start, gauges)])."""
+    samples: list[tuple[float, dict[str, float]]] = []
     stop = asyncio.Event()
+    start = time.monotonic()
 
     async def sample() -> None:
         while not stop.is_set():
             with contextlib.suppress(OSError):
                 gauges = (await asyncio.to_thread(_scrape, url))["gauge"]
-                running.append(gauges.get("vllm:num_requests_running", 0.0))
-            await asyncio.sleep(0.1)
+                samples.append((time.monotonic() - start, gauges))
+            await asyncio.sleep(period_s)
 
-    # the first PREFILL_REQUESTS of a Poisson stream (its span is long enough to hold them many times over)
-    span = 100.0 * PREFILL_REQUESTS / PREFILL_RATE
-    arrivals = poisson_arrivals(PREFILL_RATE, span, prompt, PREFILL_OUTPUT, seed=seed)[:PREFILL_REQUESTS]
     before = await asyncio.to_thread(_scrape, url)
     sampler = asyncio.create_task(sample())
     try:
-        result = await run_load([url], arrivals, model, timeout_s=300)
+        result = await run_load([url], arrivals, model, timeout_s=timeout_s)
     finally:
         stop.set()
         await sampler
     after = await asyncio.to_thread(_scrape, url)
+    return result, before, after, samples
+
+
+async def _loaded_prefill(url: str, model: str, prompt: int, seed: int) -> tuple[float, float, float, float]:
+    """Poisson arrivals of ``prompt``-token requests at ``PREFILL_RATE``: the engine's mean prefill and
+    queue times (s), the mean requests running (sampled every 0.1 s), the client's mean TTFT (s)."""
+    # the first PREFILL_REQUESTS of a Poisson stream (its span is long enough to hold them many times over)
+    span = 100.0 * PREFILL_REQUESTS / PREFILL_RATE
+    arrivals = poisson_arrivals(PREFILL_RATE, span, prompt, PREFILL_OUTPUT, seed=seed)[:PREFILL_REQUESTS]
+    result, before, after, samples = await _sampled_load(url, model, arrivals, timeout_s=300, period_s=0.1)
+    running = [g.get("vllm:num_requests_running", 0.0) for _, g in samples]
     failed = [r.error for r in result.records if r.error is not None or r.ttft_s is None]
     if failed:
         raise RuntimeError(f"{len(failed)} prefill probes of {prompt} tokens failed: {failed[:3]}")
@@ -605,37 +616,17 @@ async def _steady_overload(url: str, model: str, served: Profile, max_model_len:
     rate = max(0.1, OVERLOAD_LOAD * simulated_throughput(served, burst))
     arrivals = poisson_arrivals(rate, OVERLOAD_SECONDS, 0, 0, seed=OVERLOAD_SEED, mix=mix)
     _say(f"steady overload: {len(arrivals)} requests over {OVERLOAD_SECONDS:.0f} s at {rate:.2f} req/s")
-    gauges: list[tuple[float, float, float]] = []  # (s from the first arrival, waiting, running)
-    stop = asyncio.Event()
-    start = time.monotonic()
-
-    async def sample() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                g = (await asyncio.to_thread(_scrape, url))["gauge"]
-                gauges.append(
-                    (
-                        time.monotonic() - start,
-                        g.get("vllm:num_requests_waiting", 0.0),
-                        g.get("vllm:num_requests_running", 0.0),
-                    )
-                )
-            await asyncio.sleep(0.5)
-
-    before = await asyncio.to_thread(_scrape, url)
-    sampler = asyncio.create_task(sample())
-    try:
-        result = await run_load([url], arrivals, model, timeout_s=900)
-    finally:
-        stop.set()
-        await sampler
-    after = await asyncio.to_thread(_scrape, url)
+    result, before, after, samples = await _sampled_load(url, model, arrivals, timeout_s=900, period_s=0.5)
     failed = [r.error for r in result.records if r.error is not None or r.e2e_s is None]
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(arrivals)} overload requests failed: {failed[:3]}")
     low, high = OVERLOAD_WINDOW
     done = sum(1 for r in result.records if r.e2e_s is not None and low <= r.sent + r.e2e_s < high)
-    inside = [(w, n) for t, w, n in gauges if low <= t < high]
+    inside = [
+        (g.get("vllm:num_requests_waiting", 0.0), g.get("vllm:num_requests_running", 0.0))
+        for t, g in samples
+        if low <= t < high
+    ]
     itl = _mean_delta(before, after, "vllm:inter_token_latency_seconds")
     prefill = _mean_delta(before, after, "vllm:request_prefill_time_seconds")
     return {
