@@ -117,6 +117,23 @@ def _drain(urls: list[str], model: str, profile_path: Path, mix: list[tuple[int,
     return {"requests": len(shapes), "real_rps": real, "sim_rps": simulated_throughput(profile, shapes)}
 
 
+def _speed_check(urls: list[str], model: str, max_num_seqs: int, mix: list[tuple[int, int]], at: str) -> dict[str, Any]:
+    """The drain burst's real rate on every engine at one point of the run. Repeated at each step, it shows
+    how far the engines' own speed moved between the calibration, the knee sweep and the loads: where it
+    moved more than the goal's tolerance, no calibration taken once can be within it at every load."""
+    burst = [Arrival(0.0, p, o) for p, o in _drain_shapes(mix, max_num_seqs)]
+
+    async def each() -> list[Any]:
+        return list(await asyncio.gather(*(run_load([u], burst, model, timeout_s=900) for u in urls)))
+
+    rates = [
+        burst_throughput([r.sent + r.e2e_s for r in res.records if r.error is None and r.e2e_s is not None])
+        for res in asyncio.run(each())
+    ]
+    _say(f"speed check {at}: the drain burst at {', '.join(f'{x:.2f}' for x in rates)} req/s")
+    return {"at": at, "real_rps": rates}
+
+
 def _real(urls: list[str], model: str, arrivals: list[Arrival]) -> dict[str, Any]:
     result = asyncio.run(run_load(urls, arrivals, model, timeout_s=900))
     s = summarize(result, SLO_S)
@@ -274,6 +291,8 @@ def main() -> int:
     )
     _say(f"calibrated in {time.monotonic() - t0:.0f} s: {profile}")
     mix = [(min(r.prompt, MAX_PROMPT), min(r.output, MAX_OUTPUT)) for r in load_trace(BUNDLED_TRACE)[:4000]]
+    seqs = get_profile(str(profile_path)).max_num_seqs
+    speed = [_speed_check(urls, model, seqs, mix, "after calibrate")]
     sim_knee = capacity_at_slo(get_profile(str(profile_path)), tuple(mix), SLO_S)
     _say(f"simulated capacity at the SLO: {sim_knee:.2f} req/s per engine")
     # the loads are set from the real engine's knee (a sweep with the same mix, of every engine at once
@@ -288,6 +307,7 @@ def main() -> int:
     for n in fleets:
         for i, share in enumerate(LOADS):
             rate = share * knee * n
+            speed.append(_speed_check(urls, model, seqs, mix, f"before {n} x {share:.1f} x knee"))
             arrivals = poisson_arrivals(rate, args.duration, 0, 0, seed=100 * n + i, mix=mix)
             runs = [_real(urls[:n], model, arrivals) for _ in range(max(1, args.repeat))]
             sim = _sim(str(profile_path), n, arrivals)
@@ -308,6 +328,7 @@ def main() -> int:
         "slo_s": SLO_S,
         "rows": rows,
         "drain": drain,
+        "speed": [*speed, {"at": "at the end (the drain)", "real_rps": drain["real_rps"]}],
     }
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(table(result))
@@ -342,6 +363,14 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"\nA saturated engine draining {d['requests']} requests of the loads' mix sent at once (every engine "
             f"at once): real {', '.join(f'{x:.2f}' for x in d['real_rps'])} req/s, simulated {d['sim_rps']:.2f}."
+        )
+    if "speed" in result:  # runs since 2026-12-05, late
+        checks = result["speed"]
+        means = [statistics.fmean(c["real_rps"]) for c in checks if c["real_rps"]]
+        lines.append(
+            "\nThe engines' own speed through the run (the drain burst, req/s per engine): "
+            + "; ".join(f"{c['at']} {', '.join(f'{x:.2f}' for x in c['real_rps'])}" for c in checks)
+            + (f". The mean moved {100 * (max(means) / min(means) - 1):.0f} % from its slowest." if means else ".")
         )
     return "\n".join(lines)
 
