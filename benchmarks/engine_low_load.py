@@ -32,7 +32,7 @@ from keda_llm_scaler.sim.profiles import Profile, get_profile
 from keda_llm_scaler.sim.trace import BUNDLED_TRACE, load_trace
 
 MAX_PROMPT, MAX_OUTPUT = 512, 128  # as benchmarks/sim_to_real.py
-SECONDS, SEED, AGE_RATE = 90.0, 200, 3.2
+SECONDS, SEED = 90.0, 200
 
 
 def _mix() -> list[tuple[int, int]]:
@@ -69,9 +69,9 @@ async def measure(urls: list[str], model: str, profile: Profile, rate: float, bu
     }
 
 
-async def age(urls: list[str], model: str, seconds: float) -> None:
-    """Every engine at once: Poisson arrivals of the mix at AGE_RATE req/s (past these engines' knee)."""
-    loads = [poisson_arrivals(AGE_RATE, seconds, 0, 0, seed=900 + i, mix=_mix()) for i in range(len(urls))]
+async def age(urls: list[str], model: str, seconds: float, rate: float) -> None:
+    """Every engine at once: Poisson arrivals of the mix at ``rate`` req/s each."""
+    loads = [poisson_arrivals(rate, seconds, 0, 0, seed=900 + i, mix=_mix()) for i in range(len(urls))]
     t = time.monotonic()
     await asyncio.gather(*(run_load([u], a, model, timeout_s=900) for u, a in zip(urls, loads, strict=True)))
     print(f"aged: {sum(map(len, loads))} requests in {time.monotonic() - t:.0f} s", file=sys.stderr, flush=True)
@@ -83,6 +83,9 @@ def main() -> int:
     ap.add_argument("--rates", default="0.86", help="req/s to engine 0 (and to each neighbour when busy)")
     ap.add_argument("--busy-only", action="store_true", help="only beside busy neighbours")
     ap.add_argument("--age", type=float, default=0.0, help="seconds of overload between rounds (0: one round)")
+    ap.add_argument(
+        "--age-rate", type=float, default=3.2, help="req/s to each engine while aging (default 3.2: past G's knee)"
+    )
     ap.add_argument("--rounds", type=int, default=0, help="rounds after the first, each after --age of overload")
     args = ap.parse_args()
     urls = os.environ["KLS_ENGINE_URLS"].split(",")
@@ -91,7 +94,7 @@ def main() -> int:
     rates = [float(r) for r in args.rates.split(",")]
     for round_ in range(1 + args.rounds):
         if round_:
-            asyncio.run(age(urls, model, args.age))
+            asyncio.run(age(urls, model, args.age, args.age_rate))
         for rate in rates:
             for busy in (True,) if args.busy_only or len(urls) < 2 else (False, True):
                 row = asyncio.run(measure(urls, model, profile, rate, busy and len(urls) > 1))
