@@ -71,7 +71,8 @@ async def measure(urls: list[str], model: str, profile: Profile, rate: float, bu
 
 async def age(urls: list[str], model: str, seconds: float, rate: float) -> None:
     """Every engine at once: Poisson arrivals of the mix at ``rate`` req/s each."""
-    loads = [poisson_arrivals(rate, seconds, 0, 0, seed=900 + i, mix=_mix()) for i in range(len(urls))]
+    mix = _mix()
+    loads = [poisson_arrivals(rate, seconds, 0, 0, seed=900 + i, mix=mix) for i in range(len(urls))]
     t = time.monotonic()
     await asyncio.gather(*(run_load([u], a, model, timeout_s=900) for u, a in zip(urls, loads, strict=True)))
     print(f"aged: {sum(map(len, loads))} requests in {time.monotonic() - t:.0f} s", file=sys.stderr, flush=True)

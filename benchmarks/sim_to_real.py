@@ -105,31 +105,29 @@ def _drain(urls: list[str], model: str, profile_path: Path, mix: list[tuple[int,
     requests within the SLO there than the engines do."""
     profile = get_profile(str(profile_path))
     shapes = _drain_shapes(mix, profile.max_num_seqs)
+    real = _burst_rates(urls, model, shapes)
+    return {"requests": len(shapes), "real_rps": real, "sim_rps": simulated_throughput(profile, shapes)}
+
+
+def _burst_rates(urls: list[str], model: str, shapes: list[tuple[int, int]]) -> list[float]:
+    """``shapes`` sent at once to every engine at once: each engine's completion rate from its first
+    completion to its last."""
     burst = [Arrival(0.0, p, o) for p, o in shapes]
 
     async def each() -> list[Any]:
         return list(await asyncio.gather(*(run_load([u], burst, model, timeout_s=900) for u in urls)))
 
-    real = [
+    return [
         burst_throughput([r.sent + r.e2e_s for r in res.records if r.error is None and r.e2e_s is not None])
         for res in asyncio.run(each())
     ]
-    return {"requests": len(shapes), "real_rps": real, "sim_rps": simulated_throughput(profile, shapes)}
 
 
 def _speed_check(urls: list[str], model: str, max_num_seqs: int, mix: list[tuple[int, int]], at: str) -> dict[str, Any]:
     """The drain burst's real rate on every engine at one point of the run. Repeated at each step, it shows
     how far the engines' own speed moved between the calibration, the knee sweep and the loads: where it
     moved more than the goal's tolerance, no calibration taken once can be within it at every load."""
-    burst = [Arrival(0.0, p, o) for p, o in _drain_shapes(mix, max_num_seqs)]
-
-    async def each() -> list[Any]:
-        return list(await asyncio.gather(*(run_load([u], burst, model, timeout_s=900) for u in urls)))
-
-    rates = [
-        burst_throughput([r.sent + r.e2e_s for r in res.records if r.error is None and r.e2e_s is not None])
-        for res in asyncio.run(each())
-    ]
+    rates = _burst_rates(urls, model, _drain_shapes(mix, max_num_seqs))
     _say(f"speed check {at}: the drain burst at {', '.join(f'{x:.2f}' for x in rates)} req/s")
     return {"at": at, "real_rps": rates}
 
@@ -291,9 +289,10 @@ def main() -> int:
     )
     _say(f"calibrated in {time.monotonic() - t0:.0f} s: {profile}")
     mix = [(min(r.prompt, MAX_PROMPT), min(r.output, MAX_OUTPUT)) for r in load_trace(BUNDLED_TRACE)[:4000]]
-    seqs = get_profile(str(profile_path)).max_num_seqs
+    calibrated = get_profile(str(profile_path))
+    seqs = calibrated.max_num_seqs
     speed = [_speed_check(urls, model, seqs, mix, "after calibrate")]
-    sim_knee = capacity_at_slo(get_profile(str(profile_path)), tuple(mix), SLO_S)
+    sim_knee = capacity_at_slo(calibrated, tuple(mix), SLO_S)
     _say(f"simulated capacity at the SLO: {sim_knee:.2f} req/s per engine")
     # the loads are set from the real engine's knee (a sweep with the same mix, of every engine at once
     # unless --alone: each point's rate is per engine)
