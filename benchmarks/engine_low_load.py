@@ -10,6 +10,10 @@ profile was calibrated on:
     scripts/engine run 2 --cpus 0.85 --max-num-seqs 10 --layers 9 -- \
         python benchmarks/engine_low_load.py --profile docs/sim-to-real/g/profile.json --rates 0.86 \
         --busy-only --age 150 --rounds 2
+    # the host's drift against aging: engine 1 aged alone, engine 0 idle meanwhile, both read at once
+    scripts/engine run 2 --cpus 0.85 --max-num-seqs 10 --layers 9 -- \
+        python benchmarks/engine_low_load.py --profile docs/sim-to-real/g/profile.json --rates 0.86 \
+        --control --age-engines 1 --age 150 --rounds 2
 
 One JSON line per measurement, on stdout.
 """
@@ -45,7 +49,20 @@ async def measure(urls: list[str], model: str, profile: Profile, rate: float, bu
     jobs: list[Any] = [_sampled_load(urls[0], model, arrivals, timeout_s=900, period_s=0.25)]
     if busy:
         jobs.append(run_load(urls[1:], poisson_arrivals(rate, SECONDS, 0, 0, seed=SEED + 1, mix=mix), model))
-    result, before, after, samples = (await asyncio.gather(*jobs))[0]
+    sampled = (await asyncio.gather(*jobs))[0]
+    return {"rate": rate, "busy_neighbour": busy, **_reading(profile, arrivals, sampled)}
+
+
+async def measure_each(urls: list[str], model: str, profile: Profile, rate: float) -> list[dict[str, Any]]:
+    """Every engine at once, each on the same arrivals: a reading per engine, so an engine aged alone can be
+    read against its neighbour that was not, at the same moment on the same host."""
+    arrivals = poisson_arrivals(rate, SECONDS, 0, 0, seed=SEED, mix=_mix())
+    sampled = await asyncio.gather(*(_sampled_load(u, model, arrivals, timeout_s=900, period_s=0.25) for u in urls))
+    return [{"engine": i, "rate": rate, **_reading(profile, arrivals, s)} for i, s in enumerate(sampled)]
+
+
+def _reading(profile: Profile, arrivals: list[Any], sampled: Any) -> dict[str, Any]:
+    result, before, after, samples = sampled
     sim_itl, sim_prefill = simulated_serving(profile, arrivals)
     ttfts = sorted(r.first_token_at - r.arrival for r in _served(profile, arrivals) if r.first_token_at is not None)
 
@@ -54,8 +71,6 @@ async def measure(urls: list[str], model: str, profile: Profile, rate: float, bu
         return None if mean is None else round(1000 * mean, 2)
 
     return {
-        "rate": rate,
-        "busy_neighbour": busy,
         "running_mean": round(statistics.fmean(g.get("vllm:num_requests_running", 0.0) for _, g in samples), 2)
         if samples
         else None,
@@ -70,7 +85,7 @@ async def measure(urls: list[str], model: str, profile: Profile, rate: float, bu
 
 
 async def age(urls: list[str], model: str, seconds: float, rate: float) -> None:
-    """Every engine at once: Poisson arrivals of the mix at ``rate`` req/s each."""
+    """Each of ``urls`` at once: Poisson arrivals of the mix at ``rate`` req/s each."""
     mix = _mix()
     loads = [poisson_arrivals(rate, seconds, 0, 0, seed=900 + i, mix=mix) for i in range(len(urls))]
     t = time.monotonic()
@@ -88,14 +103,30 @@ def main() -> int:
         "--age-rate", type=float, default=3.2, help="req/s to each engine while aging (default 3.2: past G's knee)"
     )
     ap.add_argument("--rounds", type=int, default=0, help="rounds after the first, each after --age of overload")
+    ap.add_argument(
+        "--control",
+        action="store_true",
+        help="read every engine at once on the same arrivals, and age only --age-engines: "
+        "the engines not aged are the control for the host's drift",
+    )
+    ap.add_argument("--age-engines", default="", help="with --control: comma-separated engine indices to age")
     args = ap.parse_args()
     urls = os.environ["KLS_ENGINE_URLS"].split(",")
     model = os.environ["KLS_ENGINE_MODEL"]
     profile = get_profile(args.profile)
     rates = [float(r) for r in args.rates.split(",")]
+    aged = [urls[int(i)] for i in args.age_engines.split(",") if i] if args.control else urls
     for round_ in range(1 + args.rounds):
         if round_:
-            asyncio.run(age(urls, model, args.age, args.age_rate))
+            asyncio.run(age(aged, model, args.age, args.age_rate))
+        if args.control:
+            for rate in rates:
+                for row in asyncio.run(measure_each(urls, model, profile, rate)):
+                    print(
+                        json.dumps({"round": round_, "aged": urls[row["engine"]] in aged and round_ > 0, **row}),
+                        flush=True,
+                    )
+            continue
         for rate in rates:
             for busy in (True,) if args.busy_only or len(urls) < 2 else (False, True):
                 row = asyncio.run(measure(urls, model, profile, rate, busy and len(urls) > 1))
