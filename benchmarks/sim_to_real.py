@@ -44,6 +44,8 @@ from keda_llm_scaler.enginelab.calibrate import (
     SERVING_SECONDS,
     SERVING_SEED,
     Fit,
+    _mean_delta,
+    _scrape,
     calibrate,
     scaled,
     serving_mix,
@@ -133,9 +135,17 @@ def _speed_check(urls: list[str], model: str, max_num_seqs: int, mix: list[tuple
 
 
 def _real(urls: list[str], model: str, arrivals: list[Arrival]) -> dict[str, Any]:
+    before = _fleet_histograms(urls)
     result = asyncio.run(run_load(urls, arrivals, model, timeout_s=900))
+    after = _fleet_histograms(urls)
     s = summarize(result, SLO_S)
     per_request_itl = [statistics.fmean(r.itl_s) for r in result.records if r.error is None and r.itl_s]
+    ttfts = [r.ttft_s for r in result.records if r.error is None and r.ttft_s is not None]
+
+    def engine_ms(family: str) -> float | None:
+        mean = _mean_delta(before, after, family)
+        return None if mean is None else round(1000 * mean, 2)
+
     return {
         "attainment": s["slo_attainment"],
         "ttft_p50_s": s["ttft_p50_s"],
@@ -143,7 +153,22 @@ def _real(urls: list[str], model: str, arrivals: list[Arrival]) -> dict[str, Any
         "itl_p50_s": percentile(per_request_itl, 0.5),
         "failed": s["failed"],
         "requests": s["requests"],
+        # where a TTFT goes: the engines' own queue and prefill means, and the client's mean beside them
+        # (what is left is outside the engine core: the API server and the client)
+        "ttft_mean_ms": round(1000 * statistics.fmean(ttfts), 2) if ttfts else None,
+        "engine_queue_ms": engine_ms("vllm:request_queue_time_seconds"),
+        "engine_prefill_ms": engine_ms("vllm:request_prefill_time_seconds"),
+        "engine_itl_ms": engine_ms("vllm:inter_token_latency_seconds"),
     }
+
+
+def _fleet_histograms(urls: list[str]) -> dict[str, Any]:
+    """Every engine's histogram sums and counts, added up: the fleet's means over a load."""
+    hist: dict[str, float] = {}
+    for url in urls:
+        for name, value in _scrape(url)["hist"].items():
+            hist[name] = hist.get(name, 0.0) + value
+    return {"hist": hist}
 
 
 def _sim(profile: str, n: int, arrivals: list[Arrival]) -> dict[str, Any]:
@@ -167,6 +192,7 @@ def _sim(profile: str, n: int, arrivals: list[Arrival]) -> dict[str, Any]:
         "ttft_p95_s": percentile(ttfts, 0.95),
         "itl_p50_s": percentile(itl, 0.5),
         "requests": len(reqs),
+        "ttft_mean_ms": round(1000 * statistics.fmean(ttfts), 2) if ttfts else None,
     }
 
 

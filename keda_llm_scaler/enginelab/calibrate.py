@@ -34,7 +34,13 @@ each phase, so only its own requests count) and its cache config:
   (159 ms where the engine took 236) and TTFT p50 11-29 % low at every load; a factor on the prefill side
   as well (the third version) slowed every prefill alike, and TTFT p50 at half the knee read 16-41 % high
   on engines calibrated beside busy neighbours, since a light load puts few decodes beside a prefill
-  (docs/sim-to-real.md);
+  (docs/sim-to-real.md). The phase runs twice on the same arrivals: before the steady-overload phase
+  (only to set that phase's rate) and after it, and the second is fitted on. An engine that has served
+  a queue serves slower below the knee than it did before (config G's engines: TTFT p50 +22 % and +8 %
+  after 150 s of overload; an engine overloaded alone +30 % where its idle neighbour read +19 %, its
+  prefill +49 % where the neighbour's held), and every engine in a fleet has served one: past the
+  knee sweeps, the loads, and any production day. Fitted on fresh engines, the simulator's TTFT p50
+  read 16-42 % low below the knee on configs A, E, G and H, and +2 % on F (docs/sim-to-real.md);
 - **the engine under steady overload**: ``OVERLOAD_SECONDS`` of Poisson arrivals of the same mix at
   ``OVERLOAD_LOAD`` of the rate the serving-scaled model completes it at when it never runs dry; the
   engine's completions within ``OVERLOAD_WINDOW``, where it runs with a queue, are the rate a queue past
@@ -517,8 +523,20 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
         name="fit", description="", c_ms=c, b_ms=b_ms, d_ms=d, e_ms=e, f_ms=f_ms, kv_tokens=kv_tokens or 1 << 20,
         gpus=1, cold_start_mean_s=60.0, cold_start_p90_s=60.0, max_num_seqs=seqs_cap, max_num_batched_tokens=2048,
     )  # fmt: skip
+    # the serving phase twice on the same arrivals: the first, on an engine that has not yet queued, only
+    # sets the steady-overload phase's rate; the second, after that phase, is the one fitted on
+    fresh = asyncio.run(_serving(url, model, fitted, max_model_len))
+    fresh_scales = serving_scales(fitted, fresh.pop("arrivals"), fresh["engine_itl_ms"], fresh["engine_prefill_ms"])
+    _say(
+        f"serving, before any queue: the engine's ITL {fresh['engine_itl_ms']:.1f} ms and prefill "
+        f"{fresh['engine_prefill_ms'] or 0:.1f} ms: decode steps x {fresh_scales.k_decode:.3f} "
+        "(sets the overload's rate)"
+    )
+    steady = asyncio.run(_steady_overload(url, model, fresh_scales.apply(fitted), max_model_len))
+    overload = steady.pop("arrivals")
     serving = asyncio.run(_serving(url, model, fitted, max_model_len))
     arrivals = serving.pop("arrivals")
+    serving["fresh"] = fresh
     scales = serving_scales(fitted, arrivals, serving["engine_itl_ms"], serving["engine_prefill_ms"])
     serving["model_itl_ms"], serving["model_prefill_ms"] = simulated_serving(fitted, arrivals)
     serving["scaled_itl_ms"], serving["scaled_prefill_ms"] = simulated_serving(scales.apply(fitted), arrivals)
@@ -531,8 +549,6 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
         f"(then {serving['scaled_itl_ms'] or 0:.1f} and {serving['scaled_prefill_ms'] or 0:.1f})"
     )
     served = scales.apply(fitted)
-    steady = asyncio.run(_steady_overload(url, model, served, max_model_len))
-    overload = steady.pop("arrivals")
     k_steady = steady_scale(served, overload, OVERLOAD_WINDOW, steady["engine_rps"])
     final = scaled(served, k_steady, k_steady, served.g_ms * k_steady)
     steady["model_rps"] = simulated_window_rate(served, overload, OVERLOAD_WINDOW)
