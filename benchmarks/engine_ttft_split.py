@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Where a real engine's TTFT goes beside N decodes: lone probe prompts, sent one at a time while N long
+answers stream from the same engine, read three ways on the same requests: the engine core's own queue
+and prefill means, vLLM's ``time_to_first_token_seconds`` mean (the frontend's), and the client's TTFT.
+What the client sees beyond the frontend's reading is the API server's streaming path, which the
+simulator's ``ttft_overhead_ms`` (measured by calibrate beside almost no decodes) stands for. Run inside
+``scripts/engine run 1`` with the configuration to read:
+
+    scripts/engine run 1 --cpus 0.8 --max-num-seqs 12 --layers 10 -- \
+        python benchmarks/engine_ttft_split.py --beside 0,1,3,6 --prompt 256 --rounds 3
+
+One JSON line per point, on stdout; the engine's CFS throttling over the point (throttled / periods) when
+its cgroup (``kls-engine-*-0``) is found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from keda_llm_scaler.enginelab.calibrate import _mean_delta, _scrape
+from keda_llm_scaler.enginelab.loadgen import Arrival, run_load
+
+LONG_PROMPT, LONG_OUTPUT = 16, 1900  # the answers beside: they stream through every probe
+FIRST_PROBE_S, PROBE_GAP_S = 3.0, 1.5  # probes start once the answers beside stream, one at a time
+
+
+def _throttling() -> tuple[int, int] | None:
+    groups = sorted(Path("/sys/fs/cgroup/cpu").glob("kls-engine-*-0"))
+    if not groups:
+        return None
+    fields = dict(line.split() for line in (groups[-1] / "cpu.stat").read_text().splitlines())
+    return int(fields["nr_periods"]), int(fields["nr_throttled"])
+
+
+async def point(url: str, model: str, beside: int, prompt: int, probes: int) -> dict[str, Any]:
+    shots = [Arrival(FIRST_PROBE_S + PROBE_GAP_S * i, prompt, 1) for i in range(probes)]
+    answers = [Arrival(0.0, LONG_PROMPT, LONG_OUTPUT) for _ in range(beside)]
+    before, cfs0 = _scrape(url), _throttling()
+    jobs: list[Any] = [run_load([url], shots, model, timeout_s=300)]
+    if beside:
+        jobs.append(run_load([url], answers, model, timeout_s=300))
+    probed = (await asyncio.gather(*jobs))[0]
+    after, cfs1 = _scrape(url), _throttling()
+    ttfts = sorted(1000 * r.ttft_s for r in probed.records if r.error is None and r.ttft_s is not None)
+
+    def engine_ms(family: str) -> float | None:  # the answers' own 16-token prefills count too: small
+        mean = _mean_delta(before, after, family)
+        return None if mean is None else round(1000 * mean, 2)
+
+    return {
+        "beside": beside,
+        "prompt": prompt,
+        "engine_queue_ms": engine_ms("vllm:request_queue_time_seconds"),
+        "engine_prefill_ms": engine_ms("vllm:request_prefill_time_seconds"),
+        "frontend_ttft_ms": engine_ms("vllm:time_to_first_token_seconds"),
+        "engine_itl_ms": engine_ms("vllm:inter_token_latency_seconds"),
+        "client_ttft_mean_ms": round(statistics.fmean(ttfts), 2) if ttfts else None,
+        "client_ttft_p50_ms": round(ttfts[len(ttfts) // 2], 2) if ttfts else None,
+        "probes": len(ttfts),
+        "throttled": None if cfs0 is None or cfs1 is None else f"{cfs1[1] - cfs0[1]}/{cfs1[0] - cfs0[0]}",
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--beside", default="0,1,3", help="comma-separated numbers of answers streaming beside")
+    ap.add_argument("--prompt", type=int, default=256, help="the probes' prompt tokens")
+    ap.add_argument("--probes", type=int, default=12, help="probes per point")
+    ap.add_argument("--rounds", type=int, default=2, help="every point this many times, interleaved")
+    args = ap.parse_args()
+    url = os.environ["KLS_ENGINE_URLS"].split(",")[0]
+    model = os.environ["KLS_ENGINE_MODEL"]
+    besides = [int(b) for b in args.beside.split(",")]
+    start = time.monotonic()
+    for round_ in range(args.rounds):
+        for i, beside in enumerate(besides):
+            row = asyncio.run(point(url, model, beside, args.prompt, args.probes))
+            print(json.dumps({"round": round_, **row}), flush=True)
+            done = round_ * len(besides) + i + 1
+            print(f"{done}/{args.rounds * len(besides)} points, {time.monotonic() - start:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
