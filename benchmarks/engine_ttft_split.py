@@ -40,14 +40,30 @@ def _throttling() -> tuple[int, int] | None:
     return int(fields["nr_periods"]), int(fields["nr_throttled"])
 
 
-async def point(url: str, model: str, beside: int, prompt: int, probes: int) -> dict[str, Any]:
+_ELSEWHERE = """
+import asyncio, sys
+from keda_llm_scaler.enginelab.loadgen import Arrival, run_load
+url, model, n, prompt, output = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+asyncio.run(run_load([url], [Arrival(0.0, prompt, output) for _ in range(n)], model, timeout_s=300))
+"""
+
+
+async def point(url: str, model: str, beside: int, prompt: int, probes: int, elsewhere: bool) -> dict[str, Any]:
     shots = [Arrival(FIRST_PROBE_S + PROBE_GAP_S * i, prompt, 1) for i in range(probes)]
     answers = [Arrival(0.0, LONG_PROMPT, LONG_OUTPUT) for _ in range(beside)]
     before, cfs0 = _scrape(url), _throttling()
     jobs: list[Any] = [run_load([url], shots, model, timeout_s=300)]
-    if beside:
+    other = None
+    if beside and elsewhere:  # the answers' streams in another client process: this one reads only the probes
+        argv = [sys.executable, "-c", _ELSEWHERE, url, model, str(beside), str(LONG_PROMPT), str(LONG_OUTPUT)]
+        other = await asyncio.create_subprocess_exec(*argv)
+    elif beside:
         jobs.append(run_load([url], answers, model, timeout_s=300))
-    probed = (await asyncio.gather(*jobs))[0]
+    try:
+        probed = (await asyncio.gather(*jobs))[0]
+    finally:
+        if other is not None:
+            await other.wait()
     after, cfs1 = _scrape(url), _throttling()
     ttfts = sorted(1000 * r.ttft_s for r in probed.records if r.error is None and r.ttft_s is not None)
 
@@ -57,6 +73,7 @@ async def point(url: str, model: str, beside: int, prompt: int, probes: int) -> 
 
     return {
         "beside": beside,
+        "beside_elsewhere": bool(beside and elsewhere),
         "prompt": prompt,
         "engine_queue_ms": engine_ms("vllm:request_queue_time_seconds"),
         "engine_prefill_ms": engine_ms("vllm:request_prefill_time_seconds"),
@@ -75,17 +92,24 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=256, help="the probes' prompt tokens")
     ap.add_argument("--probes", type=int, default=12, help="probes per point")
     ap.add_argument("--rounds", type=int, default=2, help="every point this many times, interleaved")
+    ap.add_argument(
+        "--elsewhere",
+        action="store_true",
+        help="also each point with the answers beside streamed to another client process: "
+        "what moves in this one then is not its own streams",
+    )
     args = ap.parse_args()
     url = os.environ["KLS_ENGINE_URLS"].split(",")[0]
     model = os.environ["KLS_ENGINE_MODEL"]
     besides = [int(b) for b in args.beside.split(",")]
     start = time.monotonic()
+    points = [(b, e) for b in besides for e in ((False, True) if args.elsewhere and b else (False,))]
     for round_ in range(args.rounds):
-        for i, beside in enumerate(besides):
-            row = asyncio.run(point(url, model, beside, args.prompt, args.probes))
+        for i, (beside, elsewhere) in enumerate(points):
+            row = asyncio.run(point(url, model, beside, args.prompt, args.probes, elsewhere))
             print(json.dumps({"round": round_, **row}), flush=True)
-            done = round_ * len(besides) + i + 1
-            print(f"{done}/{args.rounds * len(besides)} points, {time.monotonic() - start:.0f} s", file=sys.stderr)
+            done = round_ * len(points) + i + 1
+            print(f"{done}/{args.rounds * len(points)} points, {time.monotonic() - start:.0f} s", file=sys.stderr)
     return 0
 
 
