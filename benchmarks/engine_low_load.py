@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from keda_llm_scaler.enginelab.calibrate import _mean_delta, _sampled_load, _served, simulated_serving
+from keda_llm_scaler.enginelab.calibrate import _mean_delta_ms, _sampled_load, _served, simulated_serving
 from keda_llm_scaler.enginelab.loadgen import run_load, summarize
 from keda_llm_scaler.enginelab.sweep import poisson_arrivals
 from keda_llm_scaler.sim.profiles import Profile, get_profile
@@ -66,17 +66,13 @@ def _reading(profile: Profile, arrivals: list[Any], sampled: Any) -> dict[str, A
     sim_itl, sim_prefill = simulated_serving(profile, arrivals)
     ttfts = sorted(r.first_token_at - r.arrival for r in _served(profile, arrivals) if r.first_token_at is not None)
 
-    def ms(family: str) -> float | None:
-        mean = _mean_delta(before, after, family)
-        return None if mean is None else round(1000 * mean, 2)
-
     return {
         "running_mean": round(statistics.fmean(g.get("vllm:num_requests_running", 0.0) for _, g in samples), 2)
         if samples
         else None,
-        "engine_itl_ms": ms("vllm:inter_token_latency_seconds"),
-        "engine_prefill_ms": ms("vllm:request_prefill_time_seconds"),
-        "engine_queue_ms": ms("vllm:request_queue_time_seconds"),
+        "engine_itl_ms": _mean_delta_ms(before, after, "vllm:inter_token_latency_seconds"),
+        "engine_prefill_ms": _mean_delta_ms(before, after, "vllm:request_prefill_time_seconds"),
+        "engine_queue_ms": _mean_delta_ms(before, after, "vllm:request_queue_time_seconds"),
         "client_ttft_p50_ms": round(1000 * summarize(result, 1.0)["ttft_p50_s"], 2),
         "sim_itl_ms": None if sim_itl is None else round(sim_itl, 2),
         "sim_prefill_ms": None if sim_prefill is None else round(sim_prefill, 2),

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from keda_llm_scaler.enginelab.calibrate import _mean_delta, _scrape
+from keda_llm_scaler.enginelab.calibrate import _mean_delta_ms, _scrape
 from keda_llm_scaler.enginelab.loadgen import Arrival, run_load
 
 LONG_PROMPT, LONG_OUTPUT = 16, 1900  # the answers beside: they stream through every probe
@@ -67,18 +67,14 @@ async def point(url: str, model: str, beside: int, prompt: int, probes: int, els
     after, cfs1 = _scrape(url), _throttling()
     ttfts = sorted(1000 * r.ttft_s for r in probed.records if r.error is None and r.ttft_s is not None)
 
-    def engine_ms(family: str) -> float | None:  # the answers' own 16-token prefills count too: small
-        mean = _mean_delta(before, after, family)
-        return None if mean is None else round(1000 * mean, 2)
-
-    return {
+    return {  # the engine's means count the answers' own 16-token prefills too: small
         "beside": beside,
         "beside_elsewhere": bool(beside and elsewhere),
         "prompt": prompt,
-        "engine_queue_ms": engine_ms("vllm:request_queue_time_seconds"),
-        "engine_prefill_ms": engine_ms("vllm:request_prefill_time_seconds"),
-        "frontend_ttft_ms": engine_ms("vllm:time_to_first_token_seconds"),
-        "engine_itl_ms": engine_ms("vllm:inter_token_latency_seconds"),
+        "engine_queue_ms": _mean_delta_ms(before, after, "vllm:request_queue_time_seconds"),
+        "engine_prefill_ms": _mean_delta_ms(before, after, "vllm:request_prefill_time_seconds"),
+        "frontend_ttft_ms": _mean_delta_ms(before, after, "vllm:time_to_first_token_seconds"),
+        "engine_itl_ms": _mean_delta_ms(before, after, "vllm:inter_token_latency_seconds"),
         "client_ttft_mean_ms": round(statistics.fmean(ttfts), 2) if ttfts else None,
         "client_ttft_p50_ms": round(ttfts[len(ttfts) // 2], 2) if ttfts else None,
         "probes": len(ttfts),

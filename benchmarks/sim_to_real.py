@@ -44,7 +44,7 @@ from keda_llm_scaler.enginelab.calibrate import (
     SERVING_SECONDS,
     SERVING_SEED,
     Fit,
-    _mean_delta,
+    _mean_delta_ms,
     _scrape,
     calibrate,
     scaled,
@@ -142,10 +142,6 @@ def _real(urls: list[str], model: str, arrivals: list[Arrival]) -> dict[str, Any
     per_request_itl = [statistics.fmean(r.itl_s) for r in result.records if r.error is None and r.itl_s]
     ttfts = [r.ttft_s for r in result.records if r.error is None and r.ttft_s is not None]
 
-    def engine_ms(family: str) -> float | None:
-        mean = _mean_delta(before, after, family)
-        return None if mean is None else round(1000 * mean, 2)
-
     return {
         "attainment": s["slo_attainment"],
         "ttft_p50_s": s["ttft_p50_s"],
@@ -156,9 +152,9 @@ def _real(urls: list[str], model: str, arrivals: list[Arrival]) -> dict[str, Any
         # where a TTFT goes: the engines' own queue and prefill means, and the client's mean beside them
         # (what is left is outside the engine core: the API server and the client)
         "ttft_mean_ms": round(1000 * statistics.fmean(ttfts), 2) if ttfts else None,
-        "engine_queue_ms": engine_ms("vllm:request_queue_time_seconds"),
-        "engine_prefill_ms": engine_ms("vllm:request_prefill_time_seconds"),
-        "engine_itl_ms": engine_ms("vllm:inter_token_latency_seconds"),
+        "engine_queue_ms": _mean_delta_ms(before, after, "vllm:request_queue_time_seconds"),
+        "engine_prefill_ms": _mean_delta_ms(before, after, "vllm:request_prefill_time_seconds"),
+        "engine_itl_ms": _mean_delta_ms(before, after, "vllm:inter_token_latency_seconds"),
     }
 
 

@@ -156,6 +156,12 @@ def _mean_delta(before: dict[str, Any], after: dict[str, Any], family: str) -> f
     return s / n if n > 0 else None
 
 
+def _mean_delta_ms(before: dict[str, Any], after: dict[str, Any], family: str) -> float | None:
+    """``_mean_delta`` of a histogram in seconds, as ms to 0.01 (None when nothing was observed)."""
+    mean = _mean_delta(before, after, family)
+    return None if mean is None else round(1000 * mean, 2)
+
+
 def least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
     """Ordinary least squares by the normal equations (a handful of unknowns), solved by Gaussian
     elimination with partial pivoting; a coefficient the data cannot tell apart comes out 0."""
