@@ -79,7 +79,10 @@ def test_the_profile_file_loads_and_replays(tmp_path: Path) -> None:
     write_profile(fit, path, name="cpu", description="test", cold_start_s=60.0)
     profile = load_profile(path)
     assert (profile.c_ms, profile.max_num_seqs, profile.kv_tokens, profile.ttft_overhead_ms) == (18.7, 16, 262144, 34.0)
-    assert profile.g_ms == 0.0123
+    assert profile.g_ms == 0.0123 and profile.ttft_overhead_by_streams == ()
+    with_table = dataclasses.replace(fit, ttft_overhead_by_streams=((0, 3.25), (1, 20.5), (15, 61.0)))
+    write_profile(with_table, tmp_path / "streams.json", name="s", description="test", cold_start_s=60.0)
+    assert load_profile(tmp_path / "streams.json").ttft_overhead_by_streams == ((0, 3.25), (1, 20.5), (15, 61.0))
     exe = Path(sys.executable).parent / "keda-llm-scaler"
     trace = tmp_path / "t.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
@@ -106,6 +109,32 @@ def test_the_api_server_overhead_adds_to_every_ttft_and_to_nothing_else() -> Non
     for a, b in zip(done["base"], done["slow"], strict=True):
         assert b.ttft == pytest.approx(a.ttft + 0.040)
         assert b.finished_at == pytest.approx(a.finished_at)  # the engine's schedule is the same
+
+
+def test_the_api_server_overhead_by_answers_streaming_follows_the_decodes_at_each_first_token() -> None:
+    """A profile with ``ttft_overhead_by_streams`` adds to each first token the point for the answers
+    decoding on the replica at that moment (linear between points, flat past the last), and moves no
+    step: a request alone takes the idle point, one sent into a full batch the busy one."""
+    base = dataclasses.replace(get_profile("8b-h100"), max_num_seqs=8)
+    table = ((0, 3.0), (1, 20.0), (3, 50.0))
+    assert [dataclasses.replace(base, ttft_overhead_by_streams=table).first_token_overhead_ms(n)
+            for n in (0, 1, 2, 3, 7)] == [3.0, 20.0, 35.0, 50.0, 50.0]  # fmt: skip
+    assert dataclasses.replace(base, ttft_overhead_ms=7.0).first_token_overhead_ms(5) == 7.0  # no table: flat
+    shapes = [Request(0, 0.0, 200, 400)] + [Request(i, 0.2 + 0.05 * i, 100, 20) for i in range(1, 5)]
+    done = {}
+    for name, profile in (("base", base), ("table", dataclasses.replace(base, ttft_overhead_by_streams=table))):
+        replica = SimReplica(profile)
+        replica.submit([Request(r.rid, r.arrival, r.prompt, r.output) for r in shapes])
+        replica.advance(60.0)
+        done[name] = {r.rid: r for r in replica.finished}
+    extra = {rid: done["table"][rid].ttft - done["base"][rid].ttft for rid in done["base"]}  # type: ignore[operator]
+    # the first request is alone at its first token; the next come while it (and those before them) decode
+    assert extra[0] == pytest.approx(0.003)
+    assert extra[1] == pytest.approx(0.020)
+    assert extra[4] == pytest.approx(0.050)
+    assert 0.020 < extra[2] < 0.050
+    for rid, r in done["base"].items():
+        assert done["table"][rid].finished_at == pytest.approx(r.finished_at)  # the engine's schedule is the same
 
 
 def test_the_serving_scales_recover_how_much_slower_an_engine_serves_than_its_probes_say() -> None:

@@ -76,6 +76,12 @@ def test_a_profile_file_in_json_or_yaml(tmp_path: Path) -> None:
     yml = tmp_path / "other.yaml"
     yml.write_text("name: l40s\n" + "".join(f"{k}: {v}\n" for k, v in fields.items()))
     assert get_profile(str(yml)).name == "l40s"
+    assert load_profile(yml).ttft_overhead_by_streams == ()  # optional, as calibrate's older files
+    # the API server's time by answers streaming: calibrate's [[answers, ms]] or a YAML {answers: ms}
+    js.write_text(json.dumps({**fields, "ttft_overhead_by_streams": [[3, 47.0], [0, 3.3], [1, 21]]}))
+    assert load_profile(js).ttft_overhead_by_streams == ((0, 3.3), (1, 21.0), (3, 47.0))
+    yml.write_text(yml.read_text() + "ttft_overhead_by_streams:\n  0: 4\n  6: 57.5\n")
+    assert load_profile(yml).ttft_overhead_by_streams == ((0, 4.0), (6, 57.5))
     for bad, match in (
         ({k: v for k, v in fields.items() if k != "kv_tokens"}, "missing profile field 'kv_tokens'"),
         ({**fields, "c_ms": "fast"}, "c_ms must be a number"),
@@ -83,6 +89,14 @@ def test_a_profile_file_in_json_or_yaml(tmp_path: Path) -> None:
         ({**fields, "g_ms": -0.001}, "g_ms must be >= 0"),
         ({**fields, "warp": 9}, "unknown profile field"),
         ({**fields, "cold_start_p90_s": 10}, "cold_start_p90_s must be >= cold_start_mean_s"),
+        ({**fields, "ttft_overhead_by_streams": 12.0}, "ttft_overhead_by_streams must be"),
+        ({**fields, "ttft_overhead_by_streams": []}, "ttft_overhead_by_streams must be"),
+        ({**fields, "ttft_overhead_by_streams": [[0, 3], [1]]}, "is not a pair"),
+        ({**fields, "ttft_overhead_by_streams": [[0, 3], [1.5, 9]]}, "answers a distinct whole number"),
+        ({**fields, "ttft_overhead_by_streams": [[0, 3], [0, 9]]}, "answers a distinct whole number"),
+        ({**fields, "ttft_overhead_by_streams": [[0, -3]]}, "ms a number >= 0"),
+        ({**fields, "ttft_overhead_by_streams": [[True, 3]]}, "ms a number >= 0"),
+        ({**fields, "ttft_overhead_by_streams": {"one": 3}}, "ms a number >= 0"),
     ):
         f = tmp_path / "bad.json"
         f.write_text(json.dumps(bad))

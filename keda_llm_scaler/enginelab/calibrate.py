@@ -51,7 +51,16 @@ each phase, so only its own requests count) and its cache config:
 - **the API server's own time per request** (tokenizing, the hand-off to the engine, the first chunk's
   write): the client's TTFT less the engine's queue and prefill times, the median over the prefill
   phase's lengths. The simulator adds it to every TTFT, not to the engine's steps (it models the wait
-  for the current step and the queue itself).
+  for the current step and the queue itself);
+- **that time by answers streaming**: lone probes, one at a time, while 0, 1, 3 and all but one of
+  ``max_num_seqs`` long answers stream from the engine (``STREAMS_BESIDE``), each point three times; the
+  client's mean TTFT less the engine's mean queue and prefill for the probes. The simulator adds the
+  point for the answers decoding when a first token comes, linear between points
+  (``ttft_overhead_by_streams``). On a CPU engine under a quota the API server's first chunk waits behind
+  the other answers' chunks and the cgroup's throttled periods: on config I's engine 3 ms beside none,
+  13-23 ms beside one and 45-57 ms beside three or six, while the engine's prefill held at 16 ms
+  (``benchmarks/engine_ttft_split.py``). Added flat at the idle point, the simulator's TTFT p50 read
+  11-31 % low below the knee on configs A, E, G, H and I (docs/sim-to-real.md).
 
 KV tokens come from ``vllm:cache_config_info`` (``kv_cache_size_tokens``, else blocks x block size);
 ``max_num_seqs`` is given or read as the most requests the engine ran at once under a batch larger than it.
@@ -129,6 +138,16 @@ PREFILL_OUTPUT = 24
 # of the batch, and the inter-token latencies of the requests already decoding then carry those steps
 # (prompts of 768 at B = 16 are six steps of 2,048 prefill tokens), which read as a context cost.
 DECODE_SHAPES = ((16, 96, (1, 4, 8, 16, 32)), (16, 640, (1, 4, 8, 16)))
+# the API server's time on a first token beside N streaming answers: lone probes, one at a time, while N
+# long answers stream from the engine; N = 0, 1, 3 and all but one of its sequences. Each point 3 times,
+# interleaved, since a reading beside answers is bimodal (a probe's first chunk waits behind the answers'
+# chunks and the cgroup's throttled periods, or not: about 3-18 ms or 45-58 ms on a 0.8-CPU engine)
+STREAMS_BESIDE = (0, 1, 3)
+STREAMS_PROBES = 10
+STREAMS_PROMPT = 256
+STREAMS_FIRST_PROBE_S, STREAMS_PROBE_GAP_S = 2.0, 1.2
+STREAMS_ROUNDS = 3
+STREAMS_ANSWER_PROMPT = 16
 
 
 def _say(msg: str) -> None:
@@ -192,6 +211,7 @@ class Fit:
     kv_tokens: int
     max_num_seqs: int
     points: dict[str, Any]
+    ttft_overhead_by_streams: tuple[tuple[int, float], ...] = ()
 
 
 def fit_decode(points: Sequence[tuple[int, float, float]]) -> tuple[float, float, float]:
@@ -237,7 +257,7 @@ def serving_mix(n: int = 64, seed: int = SERVING_SEED) -> list[tuple[int, int]]:
 def _served(profile: Profile, arrivals: Sequence[Arrival]) -> list[Request]:
     """``arrivals`` through one simulated replica to the end; its times are the engine's (the API
     server's own time is left out of the first token)."""
-    replica = SimReplica(dataclasses.replace(profile, ttft_overhead_ms=0.0))
+    replica = SimReplica(dataclasses.replace(profile, ttft_overhead_ms=0.0, ttft_overhead_by_streams=()))
     replica.submit([Request(i, a.t, a.prompt_tokens, a.output_tokens) for i, a in enumerate(arrivals)])
     replica.advance(24 * 3600.0)
     return replica.finished
@@ -476,6 +496,63 @@ async def _prefill_probes(
     return points, overheads
 
 
+async def _answering(url: str, model: str, output: int) -> None:
+    """One answer streaming from the engine until cancelled: another as soon as one ends."""
+    while True:
+        await run_load([url], [Arrival(0.0, STREAMS_ANSWER_PROMPT, output)], model, timeout_s=600)
+
+
+async def _idle(url: str, budget_s: float = 60.0) -> None:
+    """Until the engine runs and holds nothing (answers cancelled by their client are aborted by it)."""
+    deadline = time.monotonic() + budget_s
+    while time.monotonic() < deadline:
+        gauges = (await asyncio.to_thread(_scrape, url))["gauge"]
+        if not gauges.get("vllm:num_requests_running", 0.0) and not gauges.get("vllm:num_requests_waiting", 0.0):
+            return
+        await asyncio.sleep(0.2)
+
+
+async def _overhead_beside(url: str, model: str, beside: int, max_model_len: int) -> float:
+    """The client's mean TTFT of lone probes less the engine's mean queue and prefill times for them (ms),
+    while ``beside`` answers stream. The engine's means are read from the first probe to the last, when
+    the answers have long been admitted and are still running (vLLM observes those times at a request's
+    end, and the answers end after the last read)."""
+    output = max(1, max_model_len - STREAMS_ANSWER_PROMPT - 8)
+    answers = [asyncio.create_task(_answering(url, model, output)) for _ in range(beside)]
+    try:
+        await asyncio.sleep(STREAMS_FIRST_PROBE_S)
+        shots = [Arrival(STREAMS_PROBE_GAP_S * i, STREAMS_PROMPT, 1) for i in range(STREAMS_PROBES)]
+        before = await asyncio.to_thread(_scrape, url)
+        probed = await run_load([url], shots, model, timeout_s=300)
+        after = await asyncio.to_thread(_scrape, url)
+    finally:
+        for task in answers:
+            task.cancel()
+        await asyncio.gather(*answers, return_exceptions=True)
+        await _idle(url)
+    failed = [r.error for r in probed.records if r.error is not None or r.ttft_s is None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} TTFT probes beside {beside} answers failed: {failed[:3]}")
+    prefill = _mean_delta(before, after, "vllm:request_prefill_time_seconds")
+    if prefill is None:
+        raise RuntimeError("the engine's request_prefill_time_seconds did not move: is it vLLM V1?")
+    queued = _mean_delta(before, after, "vllm:request_queue_time_seconds") or 0.0
+    ttft = statistics.fmean(r.ttft_s for r in probed.records if r.ttft_s is not None)
+    return (ttft - queued - prefill) * 1000.0
+
+
+async def _overhead_by_streams(url: str, model: str, seqs: int, max_model_len: int) -> dict[int, list[float]]:
+    """``_overhead_beside`` at each of ``STREAMS_BESIDE`` and ``seqs - 1`` answers (those a probe can be
+    admitted beside), ``STREAMS_ROUNDS`` times over, interleaved: {answers: [ms per round]}."""
+    besides = sorted({n for n in (*STREAMS_BESIDE, seqs - 1) if 0 <= n < seqs})
+    readings: dict[int, list[float]] = {n: [] for n in besides}
+    for round_ in range(STREAMS_ROUNDS):
+        for n in besides:
+            readings[n].append(await _overhead_beside(url, model, n, max_model_len))
+            _say(f"TTFT overhead beside {n:3d} streaming answers: {readings[n][-1]:6.1f} ms (round {round_ + 1})")
+    return readings
+
+
 def _running_peak(url: str, stop: list[bool], peak: list[float]) -> None:
     while not stop[0]:
         with contextlib.suppress(OSError):
@@ -557,6 +634,7 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
     served = scales.apply(fitted)
     k_steady = steady_scale(served, overload, OVERLOAD_WINDOW, steady["engine_rps"])
     final = scaled(served, k_steady, k_steady, served.g_ms * k_steady)
+    by_streams = asyncio.run(_overhead_by_streams(url, model, seqs_cap, max_model_len))
     steady["model_rps"] = simulated_window_rate(served, overload, OVERLOAD_WINDOW)
     steady["scaled_rps"] = simulated_window_rate(final, overload, OVERLOAD_WINDOW)
     steady["model_itl_ms"], steady["model_prefill_ms"] = simulated_serving(served, overload)
@@ -577,12 +655,14 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
         f_ms=final.f_ms,
         g_ms=final.g_ms,
         ttft_overhead_ms=overhead,
+        ttft_overhead_by_streams=tuple((n, max(0.0, statistics.fmean(ms))) for n, ms in by_streams.items()),
         kv_tokens=kv_tokens,
         max_num_seqs=seqs_cap,
         points={
             "prefill": loaded,
             "decode": decode_points,
             "ttft_overhead_ms": overheads,
+            "ttft_overhead_by_streams": by_streams,
             "serving": serving,
             "step_scale": scales.k_decode,
             "prefill_scale": scales.k_prefill,
@@ -675,6 +755,11 @@ def write_profile(fit: Fit, path: Path, *, name: str, description: str, cold_sta
         "f_ms": float(f"{fit.f_ms:.4g}"),
         "g_ms": float(f"{fit.g_ms:.4g}"),
         "ttft_overhead_ms": round(fit.ttft_overhead_ms, 3),
+        **(
+            {"ttft_overhead_by_streams": [[n, round(ms, 3)] for n, ms in fit.ttft_overhead_by_streams]}
+            if fit.ttft_overhead_by_streams
+            else {}
+        ),
         "kv_tokens": fit.kv_tokens,
         "gpus": 1,
         "cold_start_mean_s": cold_start_s,

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -67,6 +68,12 @@ class Profile:
     # hand-off to the engine, the first chunk's write): added to each TTFT, not to the engine's steps. 0 in
     # the GPU profiles, whose coefficients are engine-side; ``calibrate`` measures it on a running engine.
     ttft_overhead_ms: float = 0.0
+    # The same overhead by how many answers stream from the replica when the first token comes: (answers,
+    # ms) points, linear between them and flat past the last; empty: ``ttft_overhead_ms`` at any load. On
+    # a CPU engine under a quota the API server's first chunk waits behind the other answers' chunks and
+    # the cgroup's throttled periods: 3 ms beside none, 20-60 ms beside a few (docs/sim-to-real.md).
+    # ``calibrate`` measures it; () in the GPU profiles.
+    ttft_overhead_by_streams: tuple[tuple[int, float], ...] = ()
     # A prefill token's extra cost per decoding sequence beside it in the step (the model's g·P·D). 0 in
     # the GPU profiles (the reference has no such term); on a CPU engine a mixed step is slower than its
     # prefill and its decodes apart, and one prefill factor fitted under load made the prefills of a
@@ -84,6 +91,18 @@ class Profile:
             + self.f_ms * attention
             + self.g_ms * prefill_tokens * decoding
         )
+
+    def first_token_overhead_ms(self, streams: int) -> float:
+        """The API server's time on a first token while ``streams`` other answers stream from the replica."""
+        table = self.ttft_overhead_by_streams
+        if not table:
+            return self.ttft_overhead_ms
+        if streams <= table[0][0]:
+            return table[0][1]
+        for (n0, ms0), (n1, ms1) in itertools.pairwise(table):
+            if streams <= n1:
+                return ms0 + (ms1 - ms0) * (streams - n0) / (n1 - n0)
+        return table[-1][1]
 
     def context_ms(self, context_tokens: float) -> float:
         """T_step's K term: decode reading ``context_tokens`` of context (a run of decode-only steps grows
@@ -212,9 +231,35 @@ def load_profile(path: Path) -> Profile:
         elif raw < 0 or (key == "c_ms" and raw <= 0):
             raise ValueError(f"{path}: {key} must be {'> 0' if key == 'c_ms' else '>= 0'}, not {raw!r}")
         values[key] = raw
+    if "ttft_overhead_by_streams" in data:
+        values["ttft_overhead_by_streams"] = _overhead_table(path, data["ttft_overhead_by_streams"])
     if values["cold_start_p90_s"] < values["cold_start_mean_s"]:
         raise ValueError(f"{path}: cold_start_p90_s must be >= cold_start_mean_s")
     return Profile(**values)
+
+
+def _overhead_table(path: Path, raw: Any) -> tuple[tuple[int, float], ...]:
+    """``ttft_overhead_by_streams`` as written: [[answers, ms], ...] (calibrate's JSON) or {answers: ms}
+    (YAML); answers whole, distinct and >= 0, ms >= 0."""
+    what = f"{path}: ttft_overhead_by_streams must be [[answers, ms], ...] or {{answers: ms}}"
+    pairs = list(raw.items()) if isinstance(raw, dict) else raw
+    if not isinstance(pairs, list) or not pairs:
+        raise ValueError(f"{what}, not {raw!r}")
+    table: dict[int, float] = {}
+    for pair in pairs:
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            raise ValueError(f"{what}: {pair!r} is not a pair")
+        n, ms = pair
+        if not isinstance(n, bool) and not isinstance(ms, bool):
+            with contextlib.suppress(TypeError, ValueError):
+                n, ms = float(n), float(ms)  # YAML and JSON mapping keys are strings
+        if (
+            not isinstance(n, float) or not isinstance(ms, float) or not math.isfinite(n) or not math.isfinite(ms)
+            or n != int(n) or n < 0 or ms < 0 or int(n) in table
+        ):  # fmt: skip
+            raise ValueError(f"{what}: answers a distinct whole number >= 0 and ms a number >= 0, not {pair!r}")
+        table[int(n)] = ms
+    return tuple(sorted(table.items()))
 
 
 @functools.lru_cache(maxsize=32)

@@ -336,8 +336,9 @@ class SimReplica:
         r.generated += 1
         self.generation_tokens_total += 1
         if r.first_token_at is None:
-            # the API server's own time per request reaches the client on top of the engine's
-            r.first_token_at = self.clock + self.profile.ttft_overhead_ms / 1000.0
+            # the API server's own time per request reaches the client on top of the engine's, longer the
+            # more answers it streams meanwhile
+            r.first_token_at = self.clock + self.profile.first_token_overhead_ms(self.decoding) / 1000.0
             self.prompt_tokens_total += r.prompt  # as vLLM V1 counts it: once, at the first token
             ttft = r.first_token_at - r.arrival
             self._ttft_sum += ttft
