@@ -29,10 +29,11 @@ import sys
 import time
 from typing import Any
 
-from keda_llm_scaler.enginelab.calibrate import _mean_delta_ms, _sampled_load, _served, simulated_serving
+from keda_llm_scaler.enginelab.calibrate import _mean_delta_ms, _sampled_load, simulated_serving
 from keda_llm_scaler.enginelab.loadgen import run_load, summarize
 from keda_llm_scaler.enginelab.sweep import poisson_arrivals
 from keda_llm_scaler.sim.profiles import Profile, get_profile
+from keda_llm_scaler.sim.replica import Request, SimReplica
 from keda_llm_scaler.sim.trace import BUNDLED_TRACE, load_trace
 
 MAX_PROMPT, MAX_OUTPUT = 512, 128  # as benchmarks/sim_to_real.py
@@ -64,7 +65,10 @@ async def measure_each(urls: list[str], model: str, profile: Profile, rate: floa
 def _reading(profile: Profile, arrivals: list[Any], sampled: Any) -> dict[str, Any]:
     result, before, after, samples = sampled
     sim_itl, sim_prefill = simulated_serving(profile, arrivals)
-    ttfts = sorted(r.first_token_at - r.arrival for r in _served(profile, arrivals) if r.first_token_at is not None)
+    replica = SimReplica(profile)  # with the API server's time, flat or by answers streaming
+    replica.submit([Request(i, a.t, a.prompt_tokens, a.output_tokens) for i, a in enumerate(arrivals)])
+    replica.advance(24 * 3600.0)
+    ttfts = sorted(r.first_token_at - r.arrival for r in replica.finished if r.first_token_at is not None)
 
     return {
         "running_mean": round(statistics.fmean(g.get("vllm:num_requests_running", 0.0) for _, g in samples), 2)
@@ -76,7 +80,7 @@ def _reading(profile: Profile, arrivals: list[Any], sampled: Any) -> dict[str, A
         "client_ttft_p50_ms": round(1000 * summarize(result, 1.0)["ttft_p50_s"], 2),
         "sim_itl_ms": None if sim_itl is None else round(sim_itl, 2),
         "sim_prefill_ms": None if sim_prefill is None else round(sim_prefill, 2),
-        "sim_ttft_p50_ms": round(1000 * ttfts[len(ttfts) // 2] + profile.ttft_overhead_ms, 2),
+        "sim_ttft_p50_ms": round(1000 * ttfts[len(ttfts) // 2], 2),
     }
 
 

@@ -4,14 +4,17 @@ simulated TTFT and nothing else. (The probes on a real engine run in docs/sim-to
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from keda_llm_scaler.enginelab import calibrate as calibrate_module
 from keda_llm_scaler.enginelab.calibrate import (
     INTERACTION_BOUND,
     OVERLOAD_WINDOW,
@@ -135,6 +138,46 @@ def test_the_api_server_overhead_by_answers_streaming_follows_the_decodes_at_eac
     assert 0.020 < extra[2] < 0.050
     for rid, r in done["base"].items():
         assert done["table"][rid].finished_at == pytest.approx(r.finished_at)  # the engine's schedule is the same
+
+
+def test_the_overhead_phase_reads_each_point_in_rounds_and_takes_out_answers_that_ended_among_the_probes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Points at 0, 1, 3 and all but one of ``max_num_seqs`` answers (those a probe is admitted beside),
+    three rounds interleaved. vLLM observes queue and prefill times at a request's end: an answer that
+    ended among the probes (a fast engine) is in the histograms' sums, and its short prefill (one decode
+    step) comes off, so the probes' means are theirs."""
+    calls: list[int] = []
+
+    async def beside(url: str, model: str, n: int, max_model_len: int) -> float:
+        calls.append(n)
+        return float(n * 10 + calls.count(n))
+
+    monkeypatch.setattr(calibrate_module, "_overhead_beside", beside)
+    readings = asyncio.run(calibrate_module._overhead_by_streams("http://x", "m", 14, 2048))
+    assert readings == {0: [1.0, 2.0, 3.0], 1: [11.0, 12.0, 13.0], 3: [31.0, 32.0, 33.0], 13: [131.0, 132.0, 133.0]}
+    assert calls[:4] == [0, 1, 3, 13]  # interleaved
+    assert list(asyncio.run(calibrate_module._overhead_by_streams("http://x", "m", 2, 2048))) == [0, 1]
+    assert list(asyncio.run(calibrate_module._overhead_by_streams("http://x", "m", 1, 2048))) == [0]
+
+    def scrape(prefills: list[float], queues: list[float], itl_s: float, gaps: int) -> dict[str, Any]:
+        p, q = "vllm:request_prefill_time_seconds", "vllm:request_queue_time_seconds"
+        i = "vllm:inter_token_latency_seconds"
+        return {"hist": {p + "_sum": sum(prefills), p + "_count": len(prefills), q + "_sum": sum(queues),
+                         q + "_count": len(queues), i + "_sum": itl_s * gaps, i + "_count": gaps}}  # fmt: skip
+
+    empty = scrape([], [], 0.0, 0)
+    probes = [0.040] * 10
+    assert calibrate_module._probes_in_engine(empty, scrape(probes, [0.002] * 10, 0.012, 900), 10) == (
+        pytest.approx(0.002),
+        pytest.approx(0.040),
+        0,
+    )
+    # two answers ended in the window: their prefills took one step (12 ms), their queues 0
+    ended = scrape([*probes, 0.012, 0.012], [*[0.002] * 10, 0.0, 0.0], 0.012, 900)
+    assert calibrate_module._probes_in_engine(empty, ended, 10) == (pytest.approx(0.002), pytest.approx(0.040), 2)
+    with pytest.raises(RuntimeError, match="did not move"):
+        calibrate_module._probes_in_engine(empty, empty, 10)
 
 
 def test_the_serving_scales_recover_how_much_slower_an_engine_serves_than_its_probes_say() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -102,6 +103,10 @@ def test_a_profile_file_in_json_or_yaml(tmp_path: Path) -> None:
         f.write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=match):
             load_profile(f)
+    base = get_profile("8b-h100")
+    for table in (((3, 50.0), (0, 3.0)), ((0, 3.0), (0, 9.0)), ((0, -1.0),)):  # a table built in code, too
+        with pytest.raises(ValueError, match="ttft_overhead_by_streams must be"):
+            dataclasses.replace(base, ttft_overhead_by_streams=table)
     f.write_text("[1, 2]")
     with pytest.raises(ValueError, match="a profile is a mapping"):
         load_profile(f)

@@ -497,27 +497,54 @@ async def _prefill_probes(
 
 
 async def _answering(url: str, model: str, output: int) -> None:
-    """One answer streaming from the engine until cancelled: another as soon as one ends."""
+    """One answer streaming from the engine until cancelled: another as soon as one ends. An answer the
+    engine refuses ends the phase (resending it at once would measure beside fewer answers, silently)."""
     while True:
-        await run_load([url], [Arrival(0.0, STREAMS_ANSWER_PROMPT, output)], model, timeout_s=600)
+        result = await run_load([url], [Arrival(0.0, STREAMS_ANSWER_PROMPT, output)], model, timeout_s=600)
+        failed = [r.error for r in result.records if r.error is not None]
+        if failed:
+            raise RuntimeError(f"a streaming answer of {output} tokens failed: {failed[0]}")
 
 
 async def _idle(url: str, budget_s: float = 60.0) -> None:
     """Until the engine runs and holds nothing (answers cancelled by their client are aborted by it)."""
     deadline = time.monotonic() + budget_s
-    while time.monotonic() < deadline:
+    while True:
         gauges = (await asyncio.to_thread(_scrape, url))["gauge"]
         if not gauges.get("vllm:num_requests_running", 0.0) and not gauges.get("vllm:num_requests_waiting", 0.0):
             return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the engine still ran requests {budget_s:.0f} s after its answers were cancelled")
         await asyncio.sleep(0.2)
+
+
+def _probes_in_engine(before: dict[str, Any], after: dict[str, Any], probes: int) -> tuple[float, float, int]:
+    """The engine's mean queue and prefill times (s) for ``probes`` probes sent between two scrapes while
+    answers stream, and how many answers ended between them. vLLM observes both at a request's end, so an
+    answer that ended in the window (on a fast engine, within seconds) is in the sums: a 16-token prompt
+    admitted at once beside the other answers, its queue taken as 0 and its prefill as one decode step
+    (the window's mean inter-token latency), which come off."""
+
+    def delta(name: str) -> float:
+        return float(after["hist"].get(name, 0.0) - before["hist"].get(name, 0.0))
+
+    family_p, family_q = "vllm:request_prefill_time_seconds", "vllm:request_queue_time_seconds"
+    counted = round(delta(family_p + "_count"))
+    if counted < 1:
+        raise RuntimeError("the engine's request_prefill_time_seconds did not move: is it vLLM V1?")
+    ended_inside = max(0, counted - probes)
+    step = _mean_delta(before, after, "vllm:inter_token_latency_seconds") or 0.0
+    own = counted - ended_inside
+    prefill = max(0.0, delta(family_p + "_sum") - ended_inside * step) / own
+    queued = max(0.0, delta(family_q + "_sum")) / own
+    return queued, prefill, ended_inside
 
 
 async def _overhead_beside(url: str, model: str, beside: int, max_model_len: int) -> float:
     """The client's mean TTFT of lone probes less the engine's mean queue and prefill times for them (ms),
     while ``beside`` answers stream. The engine's means are read from the first probe to the last, when
-    the answers have long been admitted and are still running (vLLM observes those times at a request's
-    end, and the answers end after the last read)."""
-    output = max(1, max_model_len - STREAMS_ANSWER_PROMPT - 8)
+    the answers have been admitted (``_probes_in_engine``)."""
+    output = max(1, min(max_model_len, 1 << 16) - STREAMS_ANSWER_PROMPT - 8)
     answers = [asyncio.create_task(_answering(url, model, output)) for _ in range(beside)]
     try:
         await asyncio.sleep(STREAMS_FIRST_PROBE_S)
@@ -528,15 +555,18 @@ async def _overhead_beside(url: str, model: str, beside: int, max_model_len: int
     finally:
         for task in answers:
             task.cancel()
-        await asyncio.gather(*answers, return_exceptions=True)
+        ended = await asyncio.gather(*answers, return_exceptions=True)
         await _idle(url)
+    refused = [e for e in ended if not isinstance(e, asyncio.CancelledError)]
+    if refused:
+        raise RuntimeError(f"TTFT overhead beside {beside} answers: {refused[0]}")
+    running = before["gauge"].get("vllm:num_requests_running", 0.0)
+    if running < beside:
+        raise RuntimeError(f"TTFT overhead beside {beside} answers: only {running:.0f} ran when the probes began")
     failed = [r.error for r in probed.records if r.error is not None or r.ttft_s is None]
     if failed:
         raise RuntimeError(f"{len(failed)} TTFT probes beside {beside} answers failed: {failed[:3]}")
-    prefill = _mean_delta(before, after, "vllm:request_prefill_time_seconds")
-    if prefill is None:
-        raise RuntimeError("the engine's request_prefill_time_seconds did not move: is it vLLM V1?")
-    queued = _mean_delta(before, after, "vllm:request_queue_time_seconds") or 0.0
+    queued, prefill, _ = _probes_in_engine(before, after, len(shots))
     ttft = statistics.fmean(r.ttft_s for r in probed.records if r.ttft_s is not None)
     return (ttft - queued - prefill) * 1000.0
 

@@ -72,7 +72,8 @@ class Profile:
     # ms) points, linear between them and flat past the last; empty: ``ttft_overhead_ms`` at any load. On
     # a CPU engine under a quota the API server's first chunk waits behind the other answers' chunks and
     # the cgroup's throttled periods: 3 ms beside none, 20-60 ms beside a few (docs/sim-to-real.md).
-    # ``calibrate`` measures it; () in the GPU profiles.
+    # ``calibrate`` measures it from 0 answers up; below a table's first point its first value holds.
+    # () in the GPU profiles.
     ttft_overhead_by_streams: tuple[tuple[int, float], ...] = ()
     # A prefill token's extra cost per decoding sequence beside it in the step (the model's g·P·D). 0 in
     # the GPU profiles (the reference has no such term); on a CPU engine a mixed step is slower than its
@@ -91,6 +92,14 @@ class Profile:
             + self.f_ms * attention
             + self.g_ms * prefill_tokens * decoding
         )
+
+    def __post_init__(self) -> None:
+        answers = [n for n, _ in self.ttft_overhead_by_streams]
+        if answers != sorted(set(answers)) or any(n < 0 or ms < 0 for n, ms in self.ttft_overhead_by_streams):
+            raise ValueError(
+                f"profile {self.name}: ttft_overhead_by_streams must be (answers, ms) points with answers "
+                f"distinct, ascending and >= 0 and ms >= 0, not {self.ttft_overhead_by_streams!r}"
+            )
 
     def first_token_overhead_ms(self, streams: int) -> float:
         """The API server's time on a first token while ``streams`` other answers stream from the replica."""

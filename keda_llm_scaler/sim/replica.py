@@ -323,14 +323,15 @@ class SimReplica:
         self.context += decoding
         if self._heap and self._heap[0][0] <= self.step_no:
             self._finish_decoders()
+        streams = self.decoding  # the answers streaming beside this step's first tokens, which go out together
         for r, chunk in chunks:
             r.prefilled += chunk
             self.prefill_kv += chunk
             if r.prefilled >= r.prompt_total:
-                self._start_decoding(r)
+                self._start_decoding(r, streams)
 
-    def _start_decoding(self, r: Request) -> None:
-        """The step that finished the prompt sampled one token."""
+    def _start_decoding(self, r: Request, streams: int) -> None:
+        """The step that finished the prompt sampled one token, with ``streams`` answers decoding beside."""
         self.prefilling.remove(r)
         self.prefill_kv -= r.prefilled
         r.generated += 1
@@ -338,7 +339,7 @@ class SimReplica:
         if r.first_token_at is None:
             # the API server's own time per request reaches the client on top of the engine's, longer the
             # more answers it streams meanwhile
-            r.first_token_at = self.clock + self.profile.first_token_overhead_ms(self.decoding) / 1000.0
+            r.first_token_at = self.clock + self.profile.first_token_overhead_ms(streams) / 1000.0
             self.prompt_tokens_total += r.prompt  # as vLLM V1 counts it: once, at the first token
             ttft = r.first_token_at - r.arrival
             self._ttft_sum += ttft
