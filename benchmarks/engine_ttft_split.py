@@ -9,6 +9,9 @@ simulator's ``ttft_overhead_ms`` (measured by calibrate beside almost no decodes
     scripts/engine run 1 --cpus 0.8 --max-num-seqs 12 --layers 10 -- \
         python benchmarks/engine_ttft_split.py --beside 0,1,3,6 --prompt 256 --rounds 3
 
+``--serving 0.9,1.6`` adds, each round, a minute of Poisson arrivals of the loads' token mix at each
+rate: the same split under serving, where a request arrives beside prefills as well as answers.
+
 One JSON line per point, on stdout; the engine's CFS throttling over the point (throttled / periods) when
 its cgroup (``kls-engine-*-0``) is found.
 """
@@ -82,6 +85,30 @@ async def point(url: str, model: str, beside: int, prompt: int, probes: int, els
     }
 
 
+async def serving(url: str, model: str, rate: float, seconds: float, seed: int) -> dict[str, Any]:
+    """The same split under serving: Poisson arrivals of sim_to_real's token mix at ``rate`` req/s."""
+    from keda_llm_scaler.enginelab.sweep import poisson_arrivals
+    from keda_llm_scaler.sim.trace import BUNDLED_TRACE, load_trace
+
+    mix = [(min(r.prompt, 512), min(r.output, 128)) for r in load_trace(BUNDLED_TRACE)[:4000]]
+    arrivals = poisson_arrivals(rate, seconds, 0, 0, seed=seed, mix=mix)
+    before, cfs0 = _scrape(url), _throttling()
+    result = await run_load([url], arrivals, model, timeout_s=600)
+    after, cfs1 = _scrape(url), _throttling()
+    ttfts = sorted(1000 * r.ttft_s for r in result.records if r.error is None and r.ttft_s is not None)
+    return {
+        "serving_rps": rate,
+        "requests": len(arrivals),
+        "engine_queue_ms": _mean_delta_ms(before, after, "vllm:request_queue_time_seconds"),
+        "engine_prefill_ms": _mean_delta_ms(before, after, "vllm:request_prefill_time_seconds"),
+        "frontend_ttft_ms": _mean_delta_ms(before, after, "vllm:time_to_first_token_seconds"),
+        "engine_itl_ms": _mean_delta_ms(before, after, "vllm:inter_token_latency_seconds"),
+        "client_ttft_mean_ms": round(statistics.fmean(ttfts), 2) if ttfts else None,
+        "client_ttft_p50_ms": round(ttfts[len(ttfts) // 2], 2) if ttfts else None,
+        "throttled": None if cfs0 is None or cfs1 is None else f"{cfs1[1] - cfs0[1]}/{cfs1[0] - cfs0[0]}",
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--beside", default="0,1,3", help="comma-separated numbers of answers streaming beside")
@@ -94,15 +121,28 @@ def main() -> int:
         help="also each point with the answers beside streamed to another client process: "
         "what moves in this one then is not its own streams",
     )
+    ap.add_argument(
+        "--serving",
+        default="",
+        help="also, each round, Poisson arrivals of sim_to_real's token mix at these req/s (comma-separated) "
+        "for --serving-seconds: the split under serving, beside the probes'",
+    )
+    ap.add_argument("--serving-seconds", type=float, default=60.0)
     args = ap.parse_args()
     url = os.environ["KLS_ENGINE_URLS"].split(",")[0]
     model = os.environ["KLS_ENGINE_MODEL"]
     besides = [int(b) for b in args.beside.split(",")]
     start = time.monotonic()
-    points = [(b, e) for b in besides for e in ((False, True) if args.elsewhere and b else (False,))]
+    points: list[tuple[int, bool] | float] = [
+        (b, e) for b in besides for e in ((False, True) if args.elsewhere and b else (False,))
+    ]
+    points += [float(r) for r in args.serving.split(",") if r]
     for round_ in range(args.rounds):
-        for i, (beside, elsewhere) in enumerate(points):
-            row = asyncio.run(point(url, model, beside, args.prompt, args.probes, elsewhere))
+        for i, what in enumerate(points):
+            if isinstance(what, float):
+                row = asyncio.run(serving(url, model, what, args.serving_seconds, seed=round_))
+            else:
+                row = asyncio.run(point(url, model, what[0], args.prompt, args.probes, what[1]))
             print(json.dumps({"round": round_, **row}), flush=True)
             done = round_ * len(points) + i + 1
             print(f"{done}/{args.rounds * len(points)} points, {time.monotonic() - start:.0f} s", file=sys.stderr)
