@@ -51,6 +51,24 @@ asyncio.run(run_load([url], [Arrival(0.0, prompt, output) for _ in range(n)], mo
 """
 
 
+def _split(
+    before: dict[str, Any], after: dict[str, Any], cfs0: tuple[int, int] | None, cfs1: tuple[int, int] | None, load: Any
+) -> dict[str, Any]:
+    """The engine's own means between two scrapes, the client's TTFT over ``load``'s answered requests
+    (and how many), and the CFS periods throttled between the two cgroup readings."""
+    ttfts = sorted(1000 * r.ttft_s for r in load.records if r.error is None and r.ttft_s is not None)
+    return {
+        "engine_queue_ms": _mean_delta_ms(before, after, "vllm:request_queue_time_seconds"),
+        "engine_prefill_ms": _mean_delta_ms(before, after, "vllm:request_prefill_time_seconds"),
+        "frontend_ttft_ms": _mean_delta_ms(before, after, "vllm:time_to_first_token_seconds"),
+        "engine_itl_ms": _mean_delta_ms(before, after, "vllm:inter_token_latency_seconds"),
+        "client_ttft_mean_ms": round(statistics.fmean(ttfts), 2) if ttfts else None,
+        "client_ttft_p50_ms": round(ttfts[len(ttfts) // 2], 2) if ttfts else None,
+        "answered": len(ttfts),
+        "throttled": None if cfs0 is None or cfs1 is None else f"{cfs1[1] - cfs0[1]}/{cfs1[0] - cfs0[0]}",
+    }
+
+
 async def point(url: str, model: str, beside: int, prompt: int, probes: int, elsewhere: bool) -> dict[str, Any]:
     shots = [Arrival(FIRST_PROBE_S + PROBE_GAP_S * i, prompt, 1) for i in range(probes)]
     answers = [Arrival(0.0, LONG_PROMPT, LONG_OUTPUT) for _ in range(beside)]
@@ -68,21 +86,11 @@ async def point(url: str, model: str, beside: int, prompt: int, probes: int, els
         if other is not None:
             await other.wait()
     after, cfs1 = _scrape(url), _throttling()
-    ttfts = sorted(1000 * r.ttft_s for r in probed.records if r.error is None and r.ttft_s is not None)
-
-    return {  # the engine's means count the answers' own 16-token prefills too: small
-        "beside": beside,
-        "beside_elsewhere": bool(beside and elsewhere),
-        "prompt": prompt,
-        "engine_queue_ms": _mean_delta_ms(before, after, "vllm:request_queue_time_seconds"),
-        "engine_prefill_ms": _mean_delta_ms(before, after, "vllm:request_prefill_time_seconds"),
-        "frontend_ttft_ms": _mean_delta_ms(before, after, "vllm:time_to_first_token_seconds"),
-        "engine_itl_ms": _mean_delta_ms(before, after, "vllm:inter_token_latency_seconds"),
-        "client_ttft_mean_ms": round(statistics.fmean(ttfts), 2) if ttfts else None,
-        "client_ttft_p50_ms": round(ttfts[len(ttfts) // 2], 2) if ttfts else None,
-        "probes": len(ttfts),
-        "throttled": None if cfs0 is None or cfs1 is None else f"{cfs1[1] - cfs0[1]}/{cfs1[0] - cfs0[0]}",
-    }
+    split = _split(before, after, cfs0, cfs1, probed)
+    # the engine's means count the answers' own 16-token prefills too: small
+    head = {"beside": beside, "beside_elsewhere": bool(beside and elsewhere), "prompt": prompt}
+    probes = split.pop("answered")
+    return {**head, **split, "probes": probes}
 
 
 async def serving(url: str, model: str, rate: float, seconds: float, seed: int) -> dict[str, Any]:
@@ -95,18 +103,9 @@ async def serving(url: str, model: str, rate: float, seconds: float, seed: int) 
     before, cfs0 = _scrape(url), _throttling()
     result = await run_load([url], arrivals, model, timeout_s=600)
     after, cfs1 = _scrape(url), _throttling()
-    ttfts = sorted(1000 * r.ttft_s for r in result.records if r.error is None and r.ttft_s is not None)
-    return {
-        "serving_rps": rate,
-        "requests": len(arrivals),
-        "engine_queue_ms": _mean_delta_ms(before, after, "vllm:request_queue_time_seconds"),
-        "engine_prefill_ms": _mean_delta_ms(before, after, "vllm:request_prefill_time_seconds"),
-        "frontend_ttft_ms": _mean_delta_ms(before, after, "vllm:time_to_first_token_seconds"),
-        "engine_itl_ms": _mean_delta_ms(before, after, "vllm:inter_token_latency_seconds"),
-        "client_ttft_mean_ms": round(statistics.fmean(ttfts), 2) if ttfts else None,
-        "client_ttft_p50_ms": round(ttfts[len(ttfts) // 2], 2) if ttfts else None,
-        "throttled": None if cfs0 is None or cfs1 is None else f"{cfs1[1] - cfs0[1]}/{cfs1[0] - cfs0[0]}",
-    }
+    split = _split(before, after, cfs0, cfs1, result)
+    del split["answered"]
+    return {"serving_rps": rate, "requests": len(arrivals), **split}
 
 
 def main() -> int:
