@@ -4,17 +4,15 @@ simulated TTFT and nothing else. (The probes on a real engine run in docs/sim-to
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from keda_llm_scaler.enginelab import calibrate as calibrate_module
 from keda_llm_scaler.enginelab.calibrate import (
     INTERACTION_BOUND,
     OVERLOAD_WINDOW,
@@ -28,6 +26,7 @@ from keda_llm_scaler.enginelab.calibrate import (
     prefill_alone,
     scaled,
     serving_mix,
+    serving_overhead_ms,
     serving_scales,
     simulated_queue_ms,
     simulated_serving,
@@ -37,7 +36,7 @@ from keda_llm_scaler.enginelab.calibrate import (
     write_profile,
 )
 from keda_llm_scaler.enginelab.sweep import poisson_arrivals
-from keda_llm_scaler.sim.profiles import get_profile, load_profile
+from keda_llm_scaler.sim.profiles import Profile, get_profile, load_profile
 from keda_llm_scaler.sim.replica import Request, SimReplica
 
 
@@ -83,9 +82,6 @@ def test_the_profile_file_loads_and_replays(tmp_path: Path) -> None:
     profile = load_profile(path)
     assert (profile.c_ms, profile.max_num_seqs, profile.kv_tokens, profile.ttft_overhead_ms) == (18.7, 16, 262144, 34.0)
     assert profile.g_ms == 0.0123 and profile.ttft_overhead_by_streams == ()
-    with_table = dataclasses.replace(fit, ttft_overhead_by_streams=((0, 3.25), (1, 20.5), (15, 61.0)))
-    write_profile(with_table, tmp_path / "streams.json", name="s", description="test", cold_start_s=60.0)
-    assert load_profile(tmp_path / "streams.json").ttft_overhead_by_streams == ((0, 3.25), (1, 20.5), (15, 61.0))
     exe = Path(sys.executable).parent / "keda-llm-scaler"
     trace = tmp_path / "t.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
@@ -140,44 +136,32 @@ def test_the_api_server_overhead_by_answers_streaming_follows_the_decodes_at_eac
         assert done["table"][rid].finished_at == pytest.approx(r.finished_at)  # the engine's schedule is the same
 
 
-def test_the_overhead_phase_reads_each_point_in_rounds_and_takes_out_answers_that_ended_among_the_probes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Points at 0, 1, 3 and all but one of ``max_num_seqs`` answers (those a probe is admitted beside),
-    three rounds interleaved. vLLM observes queue and prefill times at a request's end: an answer that
-    ended among the probes (a fast engine) is in the histograms' sums, and its short prefill (one decode
-    step) comes off, so the probes' means are theirs."""
-    calls: list[int] = []
+def test_the_serving_overhead_puts_the_models_ttft_p50_at_the_clients() -> None:
+    """The API server's time is fitted last, on the final model: what the client waited at the p50 of
+    the serving phase beyond what the model gives the same arrivals. An engine whose clients wait 37 ms
+    more than its steps (the same arrivals through the model with that overhead stand in for it) gets
+    37 ms back whatever overhead the model carried, and the model with it then gives the client's p50.
+    A client faster than the model is no negative time; an unknown client reading is no fit."""
+    fitted = dataclasses.replace(get_profile("8b-h100"), max_num_seqs=16, max_num_batched_tokens=2048, c_ms=20.0)
+    shapes = serving_mix()
+    arrivals = poisson_arrivals(0.5 * simulated_throughput(fitted, shapes), 60.0, 0, 0, seed=4, mix=shapes)
 
-    async def beside(url: str, model: str, n: int, max_model_len: int) -> float:
-        calls.append(n)
-        return float(n * 10 + calls.count(n))
+    def p50_ms(profile: Profile) -> float:
+        replica = SimReplica(profile)
+        replica.submit([Request(i, a.t, a.prompt_tokens, a.output_tokens) for i, a in enumerate(arrivals)])
+        replica.advance(3600.0)
+        return 1000.0 * statistics.median(r.ttft for r in replica.finished if r.ttft is not None)
 
-    monkeypatch.setattr(calibrate_module, "_overhead_beside", beside)
-    readings = asyncio.run(calibrate_module._overhead_by_streams("http://x", "m", 14, 2048))
-    assert readings == {0: [1.0, 2.0, 3.0], 1: [11.0, 12.0, 13.0], 3: [31.0, 32.0, 33.0], 13: [131.0, 132.0, 133.0]}
-    assert calls[:4] == [0, 1, 3, 13]  # interleaved
-    assert list(asyncio.run(calibrate_module._overhead_by_streams("http://x", "m", 2, 2048))) == [0, 1]
-    assert list(asyncio.run(calibrate_module._overhead_by_streams("http://x", "m", 1, 2048))) == [0]
-
-    def scrape(prefills: list[float], queues: list[float], itl_s: float, gaps: int) -> dict[str, Any]:
-        p, q = "vllm:request_prefill_time_seconds", "vllm:request_queue_time_seconds"
-        i = "vllm:inter_token_latency_seconds"
-        return {"hist": {p + "_sum": sum(prefills), p + "_count": len(prefills), q + "_sum": sum(queues),
-                         q + "_count": len(queues), i + "_sum": itl_s * gaps, i + "_count": gaps}}  # fmt: skip
-
-    empty = scrape([], [], 0.0, 0)
-    probes = [0.040] * 10
-    assert calibrate_module._probes_in_engine(empty, scrape(probes, [0.002] * 10, 0.012, 900), 10) == (
-        pytest.approx(0.002),
-        pytest.approx(0.040),
-        0,
+    client = p50_ms(dataclasses.replace(fitted, ttft_overhead_ms=37.0))
+    assert serving_overhead_ms(dataclasses.replace(fitted, ttft_overhead_ms=5.0), arrivals, client) == pytest.approx(
+        37.0
     )
-    # two answers ended in the window: their prefills took one step (12 ms), their queues 0
-    ended = scrape([*probes, 0.012, 0.012], [*[0.002] * 10, 0.0, 0.0], 0.012, 900)
-    assert calibrate_module._probes_in_engine(empty, ended, 10) == (pytest.approx(0.002), pytest.approx(0.040), 2)
-    with pytest.raises(RuntimeError, match="did not move"):
-        calibrate_module._probes_in_engine(empty, empty, 10)
+    fitted_overhead = serving_overhead_ms(fitted, arrivals, client)
+    assert fitted_overhead is not None
+    assert p50_ms(dataclasses.replace(fitted, ttft_overhead_ms=fitted_overhead)) == pytest.approx(client)
+    assert serving_overhead_ms(fitted, arrivals, 0.5 * p50_ms(fitted)) == 0.0
+    for unknown in (None, 0.0, float("nan"), float("inf")):
+        assert serving_overhead_ms(fitted, arrivals, unknown) is None
 
 
 def test_the_serving_scales_recover_how_much_slower_an_engine_serves_than_its_probes_say() -> None:

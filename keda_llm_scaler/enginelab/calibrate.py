@@ -17,8 +17,8 @@ each phase, so only its own requests count) and its cache config:
   (so the context is not just a multiple of the batch); the engine's ``inter_token_latency_seconds``
   mean is ``c + d·B + e·K/1000`` with ``K`` the batch's mean context, fitted for ``c``, ``d`` and ``e``;
 - **the engine serving**: ``SERVING_SECONDS`` of Poisson arrivals of calibrate's own mix
-  (``SERVING_PROMPTS`` x ``SERVING_OUTPUTS``, fresh prompts) at ``SERVING_LOAD`` of the rate the fitted
-  model completes that mix at when it never runs dry; the engine's mean inter-token latency and mean
+  (``SERVING_PROMPTS`` x ``SERVING_OUTPUTS``, fresh prompts) at ``SERVING_OF_STEADY`` of the rate the
+  engine served steady overload at (below), which is below its knee; the engine's mean inter-token latency and mean
   prefill time over them against the fitted model's on the same arrivals. The decode side's coefficients
   (``c``, ``d``, ``e``) are multiplied by the factor that makes the model's mean the engine's, and the
   prefill time the engine spent beyond the probes' goes into ``g``, what a prefill token costs per
@@ -34,8 +34,11 @@ each phase, so only its own requests count) and its cache config:
   (159 ms where the engine took 236) and TTFT p50 11-29 % low at every load; a factor on the prefill side
   as well (the third version) slowed every prefill alike, and TTFT p50 at half the knee read 16-41 % high
   on engines calibrated beside busy neighbours, since a light load puts few decodes beside a prefill
-  (docs/sim-to-real.md). The phase runs twice on the same arrivals: before the steady-overload phase
-  (only to set that phase's rate) and after it, and the second is fitted on. An engine that has served
+  (docs/sim-to-real.md). The phase runs twice: before the steady-overload phase, at
+  ``FRESH_SERVING_LOAD`` of the rate the fitted model completes the mix at when it never runs dry (only
+  to set that phase's rate), and after it, below the rate it measured; the second is fitted on. Fitted
+  at the first one's rate (until 2026-12-06), it ran past the knee on every configuration from E to J,
+  and the simulator's prefills below the knee read 24 % short on J. An engine that has served
   a queue serves slower below the knee than it did before (config G's engines: TTFT p50 +22 % and +8 %
   after 150 s of overload; an engine overloaded alone +30 % where its idle neighbour read +19 %, its
   prefill +49 % where the neighbour's held), and every engine in a fleet has served one: past the
@@ -48,19 +51,14 @@ each phase, so only its own requests count) and its cache config:
   same window the engine's (``steady_scale``, within ``STEADY_SCALE_BOUNDS``). Config E's engines served
   steady overload 27 % below the rate they drained a burst at, and a simulator scaled below saturation
   queued half as long as they did past the knee (docs/sim-to-real.md);
-- **the API server's own time per request** (tokenizing, the hand-off to the engine, the first chunk's
-  write): the client's TTFT less the engine's queue and prefill times, the median over the prefill
-  phase's lengths. The simulator adds it to every TTFT, not to the engine's steps (it models the wait
-  for the current step and the queue itself);
-- **that time by answers streaming**: lone probes, one at a time, while 0, 1, 3 and all but one of
-  ``max_num_seqs`` long answers stream from the engine (``STREAMS_BESIDE``), each point three times; the
-  client's mean TTFT less the engine's mean queue and prefill for the probes. The simulator adds the
-  point for the answers decoding when a first token comes, linear between points
-  (``ttft_overhead_by_streams``). On a CPU engine under a quota the API server's first chunk waits behind
-  the other answers' chunks and the cgroup's throttled periods: on config I's engine 3 ms beside none,
-  13-23 ms beside one and 45-57 ms beside three or six, while the engine's prefill held at 16 ms
-  (``benchmarks/engine_ttft_split.py``). Added flat at the idle point, the simulator's TTFT p50 read
-  11-31 % low below the knee on configs A, E, G, H and I (docs/sim-to-real.md).
+- **the API server's own time per request**: what the client waits beyond the engine core's queue and
+  prefill (tokenizing, the hand-off to the engine core and the wait for its current step, the first
+  chunk's write behind the other answers' chunks and the cgroup's throttled periods), as the value that
+  puts the final model's TTFT p50 on the serving phase's arrivals at the client's (``serving_overhead_ms``).
+  The simulator adds it to every TTFT. Measured on requests alone (the prefill probes' median, until
+  2026-12-06) or beside N streaming answers (lone probes, on 2026-12-06) it read a third to a half of what
+  clients of a serving engine wait there, and the simulator's TTFT p50 read 16-45 % low below the knee on
+  configs A, E, G, H, I and J (docs/sim-to-real.md). The prefill probes' figures stay in the fit's points.
 
 KV tokens come from ``vllm:cache_config_info`` (``kv_cache_size_tokens``, else blocks x block size);
 ``max_num_seqs`` is given or read as the most requests the engine ran at once under a batch larger than it.
@@ -102,6 +100,7 @@ __all__ = [
     "prefill_alone",
     "scaled",
     "serving_mix",
+    "serving_overhead_ms",
     "serving_scales",
     "simulated_queue_ms",
     "simulated_serving",
@@ -114,7 +113,12 @@ __all__ = [
 SERVING_PROMPTS = (96, 768)
 SERVING_OUTPUTS = (24, 192)
 SERVING_SECONDS = 75.0
-SERVING_LOAD = 0.8  # of the fitted model's rate when it never runs dry: near the knee, where TTFT turns
+# the first serving phase, which only sets the overload's rate: of the fitted model's never-dry rate
+FRESH_SERVING_LOAD = 0.8
+# the serving phase fitted on: of the rate the engine served steady overload at, below the knee. At
+# FRESH_SERVING_LOAD of the model's rate it ran past the knee on every configuration from E to J (1.15-1.64
+# x the knee, queues of 0.4-3.7 s), so its scales were fitted on a full batch, not on the loads below it
+SERVING_OF_STEADY = 0.6
 SERVING_SEED = 31
 SATURATION_BATCHES = 4  # the model's never-dry rate: this many x max_num_seqs of the mix at once
 STEP_SCALE_BOUNDS = (0.5, 2.5)
@@ -138,16 +142,6 @@ PREFILL_OUTPUT = 24
 # of the batch, and the inter-token latencies of the requests already decoding then carry those steps
 # (prompts of 768 at B = 16 are six steps of 2,048 prefill tokens), which read as a context cost.
 DECODE_SHAPES = ((16, 96, (1, 4, 8, 16, 32)), (16, 640, (1, 4, 8, 16)))
-# the API server's time on a first token beside N streaming answers: lone probes, one at a time, while N
-# long answers stream from the engine; N = 0, 1, 3 and all but one of its sequences. Each point 3 times,
-# interleaved, since a reading beside answers is bimodal (a probe's first chunk waits behind the answers'
-# chunks and the cgroup's throttled periods, or not: about 3-18 ms or 45-58 ms on a 0.8-CPU engine)
-STREAMS_BESIDE = (0, 1, 3)
-STREAMS_PROBES = 10
-STREAMS_PROMPT = 256
-STREAMS_FIRST_PROBE_S, STREAMS_PROBE_GAP_S = 2.0, 1.2
-STREAMS_ROUNDS = 3
-STREAMS_ANSWER_PROMPT = 16
 
 
 def _say(msg: str) -> None:
@@ -211,7 +205,6 @@ class Fit:
     kv_tokens: int
     max_num_seqs: int
     points: dict[str, Any]
-    ttft_overhead_by_streams: tuple[tuple[int, float], ...] = ()
 
 
 def fit_decode(points: Sequence[tuple[int, float, float]]) -> tuple[float, float, float]:
@@ -404,6 +397,28 @@ def steady_scale(
     return _matching(slowness, 1.0 / engine_rps, STEADY_SCALE_BOUNDS)
 
 
+def serving_overhead_ms(
+    profile: Profile, arrivals: Sequence[Arrival], client_ttft_p50_ms: float | None
+) -> float | None:
+    """The API server's time per first token (ms, >= 0) that puts the model's TTFT p50 on ``arrivals``
+    at the client's: the client's p50 less the model's without it. None when either is unknown.
+
+    It stands for all the client waits beyond the engine core's queue and prefill: tokenizing, the hand-off
+    to the engine core and the wait for its current step, the first chunk's write behind the other answers'
+    chunks and the cgroup's throttled periods. On config J's engines that was 45-54 ms below the knee under
+    serving (``benchmarks/engine_ttft_split.py --serving``); the prefill probes, one request at a time
+    beside almost no decodes, read 19 ms, and lone probes beside N streaming answers (calibrate from
+    2026-12-06 to 12-06) read 9-31 ms in the fleet and 53-60 ms on a fresh engine, so neither measured
+    what a serving engine's clients wait. Fitted last, on the final profile, it also takes what the
+    steady-overload factor moves the model's TTFT below the knee by."""
+    if client_ttft_p50_ms is None or not (client_ttft_p50_ms > 0 and math.isfinite(client_ttft_p50_ms)):
+        return None
+    ttfts = [r.ttft for r in _served(profile, arrivals) if r.ttft is not None]
+    if not ttfts:
+        return None
+    return max(0.0, client_ttft_p50_ms - 1000.0 * statistics.median(ttfts))
+
+
 def fit_prefill(points: Sequence[tuple[int, float]], c_ms: float) -> tuple[float, float]:
     """(prompt P, prefill ms) -> b, f of ``prefill = c + b·P + f·P²/2``, each >= 0."""
     b, f = least_squares([(float(p), p * p / 2.0) for p, _ in points], [y - c_ms for _, y in points])
@@ -496,93 +511,6 @@ async def _prefill_probes(
     return points, overheads
 
 
-async def _answering(url: str, model: str, output: int) -> None:
-    """One answer streaming from the engine until cancelled: another as soon as one ends. An answer the
-    engine refuses ends the phase (resending it at once would measure beside fewer answers, silently)."""
-    while True:
-        result = await run_load([url], [Arrival(0.0, STREAMS_ANSWER_PROMPT, output)], model, timeout_s=600)
-        failed = [r.error for r in result.records if r.error is not None]
-        if failed:
-            raise RuntimeError(f"a streaming answer of {output} tokens failed: {failed[0]}")
-
-
-async def _idle(url: str, budget_s: float = 60.0) -> None:
-    """Until the engine runs and holds nothing (answers cancelled by their client are aborted by it)."""
-    deadline = time.monotonic() + budget_s
-    while True:
-        gauges = (await asyncio.to_thread(_scrape, url))["gauge"]
-        if not gauges.get("vllm:num_requests_running", 0.0) and not gauges.get("vllm:num_requests_waiting", 0.0):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the engine still ran requests {budget_s:.0f} s after its answers were cancelled")
-        await asyncio.sleep(0.2)
-
-
-def _probes_in_engine(before: dict[str, Any], after: dict[str, Any], probes: int) -> tuple[float, float, int]:
-    """The engine's mean queue and prefill times (s) for ``probes`` probes sent between two scrapes while
-    answers stream, and how many answers ended between them. vLLM observes both at a request's end, so an
-    answer that ended in the window (on a fast engine, within seconds) is in the sums: a 16-token prompt
-    admitted at once beside the other answers, its queue taken as 0 and its prefill as one decode step
-    (the window's mean inter-token latency), which come off."""
-
-    def delta(name: str) -> float:
-        return float(after["hist"].get(name, 0.0) - before["hist"].get(name, 0.0))
-
-    family_p, family_q = "vllm:request_prefill_time_seconds", "vllm:request_queue_time_seconds"
-    counted = round(delta(family_p + "_count"))
-    if counted < 1:
-        raise RuntimeError("the engine's request_prefill_time_seconds did not move: is it vLLM V1?")
-    ended_inside = max(0, counted - probes)
-    step = _mean_delta(before, after, "vllm:inter_token_latency_seconds") or 0.0
-    own = counted - ended_inside
-    prefill = max(0.0, delta(family_p + "_sum") - ended_inside * step) / own
-    queued = max(0.0, delta(family_q + "_sum")) / own
-    return queued, prefill, ended_inside
-
-
-async def _overhead_beside(url: str, model: str, beside: int, max_model_len: int) -> float:
-    """The client's mean TTFT of lone probes less the engine's mean queue and prefill times for them (ms),
-    while ``beside`` answers stream. The engine's means are read from the first probe to the last, when
-    the answers have been admitted (``_probes_in_engine``)."""
-    output = max(1, min(max_model_len, 1 << 16) - STREAMS_ANSWER_PROMPT - 8)
-    answers = [asyncio.create_task(_answering(url, model, output)) for _ in range(beside)]
-    try:
-        await asyncio.sleep(STREAMS_FIRST_PROBE_S)
-        shots = [Arrival(STREAMS_PROBE_GAP_S * i, STREAMS_PROMPT, 1) for i in range(STREAMS_PROBES)]
-        before = await asyncio.to_thread(_scrape, url)
-        probed = await run_load([url], shots, model, timeout_s=300)
-        after = await asyncio.to_thread(_scrape, url)
-    finally:
-        for task in answers:
-            task.cancel()
-        ended = await asyncio.gather(*answers, return_exceptions=True)
-        await _idle(url)
-    refused = [e for e in ended if not isinstance(e, asyncio.CancelledError)]
-    if refused:
-        raise RuntimeError(f"TTFT overhead beside {beside} answers: {refused[0]}")
-    running = before["gauge"].get("vllm:num_requests_running", 0.0)
-    if running < beside:
-        raise RuntimeError(f"TTFT overhead beside {beside} answers: only {running:.0f} ran when the probes began")
-    failed = [r.error for r in probed.records if r.error is not None or r.ttft_s is None]
-    if failed:
-        raise RuntimeError(f"{len(failed)} TTFT probes beside {beside} answers failed: {failed[:3]}")
-    queued, prefill, _ = _probes_in_engine(before, after, len(shots))
-    ttft = statistics.fmean(r.ttft_s for r in probed.records if r.ttft_s is not None)
-    return (ttft - queued - prefill) * 1000.0
-
-
-async def _overhead_by_streams(url: str, model: str, seqs: int, max_model_len: int) -> dict[int, list[float]]:
-    """``_overhead_beside`` at each of ``STREAMS_BESIDE`` and ``seqs - 1`` answers (those a probe can be
-    admitted beside), ``STREAMS_ROUNDS`` times over, interleaved: {answers: [ms per round]}."""
-    besides = sorted({n for n in (*STREAMS_BESIDE, seqs - 1) if 0 <= n < seqs})
-    readings: dict[int, list[float]] = {n: [] for n in besides}
-    for round_ in range(STREAMS_ROUNDS):
-        for n in besides:
-            readings[n].append(await _overhead_beside(url, model, n, max_model_len))
-            _say(f"TTFT overhead beside {n:3d} streaming answers: {readings[n][-1]:6.1f} ms (round {round_ + 1})")
-    return readings
-
-
 def _running_peak(url: str, stop: list[bool], peak: list[float]) -> None:
     while not stop[0]:
         with contextlib.suppress(OSError):
@@ -636,9 +564,9 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
         name="fit", description="", c_ms=c, b_ms=b_ms, d_ms=d, e_ms=e, f_ms=f_ms, kv_tokens=kv_tokens or 1 << 20,
         gpus=1, cold_start_mean_s=60.0, cold_start_p90_s=60.0, max_num_seqs=seqs_cap, max_num_batched_tokens=2048,
     )  # fmt: skip
-    # the serving phase twice on the same arrivals: the first, on an engine that has not yet queued, only
-    # sets the steady-overload phase's rate; the second, after that phase, is the one fitted on
-    fresh = asyncio.run(_serving(url, model, fitted, max_model_len))
+    # the serving phase twice: the first, on an engine that has not yet queued, only sets the
+    # steady-overload phase's rate; the second, after that phase and below the rate it measured, is fitted on
+    fresh = asyncio.run(_serving(url, model, FRESH_SERVING_LOAD * _never_dry(fitted, max_model_len), max_model_len))
     fresh_scales = serving_scales(fitted, fresh.pop("arrivals"), fresh["engine_itl_ms"], fresh["engine_prefill_ms"])
     _say(
         f"serving, before any queue: the engine's ITL {fresh['engine_itl_ms']:.1f} ms and prefill "
@@ -647,7 +575,10 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
     )
     steady = asyncio.run(_steady_overload(url, model, fresh_scales.apply(fitted), max_model_len))
     overload = steady.pop("arrivals")
-    serving = asyncio.run(_serving(url, model, fitted, max_model_len))
+    below_knee = SERVING_OF_STEADY * steady["engine_rps"]
+    if not below_knee > 0:  # nothing completed in the window: the fresh phase's rate, as before
+        below_knee = fresh["rate"]
+    serving = asyncio.run(_serving(url, model, below_knee, max_model_len))
     arrivals = serving.pop("arrivals")
     serving["fresh"] = fresh
     scales = serving_scales(fitted, arrivals, serving["engine_itl_ms"], serving["engine_prefill_ms"])
@@ -664,7 +595,10 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
     served = scales.apply(fitted)
     k_steady = steady_scale(served, overload, OVERLOAD_WINDOW, steady["engine_rps"])
     final = scaled(served, k_steady, k_steady, served.g_ms * k_steady)
-    by_streams = asyncio.run(_overhead_by_streams(url, model, seqs_cap, max_model_len))
+    probes_overhead = overhead
+    fitted_overhead = serving_overhead_ms(final, arrivals, serving["client_ttft_p50_ms"])
+    if fitted_overhead is not None:
+        overhead = fitted_overhead
     steady["model_rps"] = simulated_window_rate(served, overload, OVERLOAD_WINDOW)
     steady["scaled_rps"] = simulated_window_rate(final, overload, OVERLOAD_WINDOW)
     steady["model_itl_ms"], steady["model_prefill_ms"] = simulated_serving(served, overload)
@@ -677,6 +611,11 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
         f"(then {steady['scaled_rps']:.2f} req/s; the serving phase's ITL {serving['steady_itl_ms'] or 0:.1f} ms "
         f"and prefill {serving['steady_prefill_ms'] or 0:.1f} ms)"
     )
+    _say(
+        f"API server: {overhead:.1f} ms per first token (the serving phase's client TTFT p50 "
+        f"{serving['client_ttft_p50_ms'] or 0:.1f} ms, the model's without it; the prefill probes read "
+        f"{probes_overhead:.1f} ms beside almost no decodes)"
+    )
     return Fit(
         c_ms=final.c_ms,
         b_ms=final.b_ms,
@@ -685,14 +624,13 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
         f_ms=final.f_ms,
         g_ms=final.g_ms,
         ttft_overhead_ms=overhead,
-        ttft_overhead_by_streams=tuple((n, max(0.0, statistics.fmean(ms))) for n, ms in by_streams.items()),
         kv_tokens=kv_tokens,
         max_num_seqs=seqs_cap,
         points={
             "prefill": loaded,
             "decode": decode_points,
-            "ttft_overhead_ms": overheads,
-            "ttft_overhead_by_streams": by_streams,
+            "ttft_overhead_ms": overheads,  # the prefill probes' (their median was the overhead before 2026-12-06)
+            "ttft_overhead_fitted_ms": fitted_overhead,
             "serving": serving,
             "step_scale": scales.k_decode,
             "prefill_scale": scales.k_prefill,
@@ -703,18 +641,23 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
     )
 
 
-async def _serving(url: str, model: str, fitted: Profile, max_model_len: int) -> dict[str, Any]:
-    """The serving phase: Poisson arrivals of ``serving_mix`` at ``SERVING_LOAD`` of the rate the fitted
-    model completes the mix at when it never runs dry; the engine's mean inter-token and prefill times."""
-    mix = [(p, o) for p, o in serving_mix() if p + o <= max_model_len] or [(64, 32)]
-    burst = [mix[i % len(mix)] for i in range(SATURATION_BATCHES * fitted.max_num_seqs)]
-    never_dry = simulated_throughput(fitted, burst)
-    rate = max(0.1, SERVING_LOAD * never_dry)
-    arrivals = poisson_arrivals(rate, SERVING_SECONDS, 0, 0, seed=SERVING_SEED, mix=mix)
-    _say(
-        f"serving: {len(arrivals)} requests over {SERVING_SECONDS:.0f} s at {rate:.2f} req/s "
-        f"(the fitted model's never-dry rate {never_dry:.2f})"
-    )
+def _mix(max_model_len: int) -> list[tuple[int, int]]:
+    """``serving_mix`` as the engine takes it: shapes longer than its ``max_model_len`` left out."""
+    return [(p, o) for p, o in serving_mix() if p + o <= max_model_len] or [(64, 32)]
+
+
+def _never_dry(profile: Profile, max_model_len: int) -> float:
+    """The rate the model completes the serving mix at when it never runs dry (req/s)."""
+    mix = _mix(max_model_len)
+    return simulated_throughput(profile, [mix[i % len(mix)] for i in range(SATURATION_BATCHES * profile.max_num_seqs)])
+
+
+async def _serving(url: str, model: str, rate: float, max_model_len: int) -> dict[str, Any]:
+    """A serving phase: ``SERVING_SECONDS`` of Poisson arrivals of ``serving_mix`` at ``rate``; the engine's
+    mean inter-token, prefill and queue times, and the client's TTFT p50 and mean."""
+    rate = max(0.1, rate)
+    arrivals = poisson_arrivals(rate, SERVING_SECONDS, 0, 0, seed=SERVING_SEED, mix=_mix(max_model_len))
+    _say(f"serving: {len(arrivals)} requests over {SERVING_SECONDS:.0f} s at {rate:.2f} req/s")
     before = await asyncio.to_thread(_scrape, url)
     result = await run_load([url], arrivals, model, timeout_s=900)
     after = await asyncio.to_thread(_scrape, url)
@@ -726,6 +669,7 @@ async def _serving(url: str, model: str, fitted: Profile, max_model_len: int) ->
         raise RuntimeError("the engine's inter_token_latency_seconds did not move: is it vLLM V1?")
     prefill = _mean_delta(before, after, "vllm:request_prefill_time_seconds")
     queued = _mean_delta(before, after, "vllm:request_queue_time_seconds")
+    ttfts = [r.ttft_s for r in result.records if r.ttft_s is not None]
     return {
         "arrivals": arrivals,
         "rate": rate,
@@ -734,6 +678,8 @@ async def _serving(url: str, model: str, fitted: Profile, max_model_len: int) ->
         "engine_prefill_ms": None if prefill is None else prefill * 1000.0,
         # not fitted on: whether the engine queued as the model does says if the two ran in one regime
         "engine_queue_ms": None if queued is None else queued * 1000.0,
+        "client_ttft_p50_ms": 1000.0 * statistics.median(ttfts) if ttfts else None,
+        "client_ttft_mean_ms": 1000.0 * statistics.fmean(ttfts) if ttfts else None,
     }
 
 
@@ -743,10 +689,8 @@ async def _steady_overload(url: str, model: str, served: Profile, max_model_len:
     engine's completions within ``OVERLOAD_WINDOW`` (counted by this client as the answers end), and its
     waiting and running gauges over the window (a queue throughout says the rate is the engine's, not the
     arrivals'). The queue left at the end drains before the next use of the engine."""
-    mix = [(p, o) for p, o in serving_mix() if p + o <= max_model_len] or [(64, 32)]
-    burst = [mix[i % len(mix)] for i in range(SATURATION_BATCHES * served.max_num_seqs)]
-    rate = max(0.1, OVERLOAD_LOAD * simulated_throughput(served, burst))
-    arrivals = poisson_arrivals(rate, OVERLOAD_SECONDS, 0, 0, seed=OVERLOAD_SEED, mix=mix)
+    rate = max(0.1, OVERLOAD_LOAD * _never_dry(served, max_model_len))
+    arrivals = poisson_arrivals(rate, OVERLOAD_SECONDS, 0, 0, seed=OVERLOAD_SEED, mix=_mix(max_model_len))
     _say(f"steady overload: {len(arrivals)} requests over {OVERLOAD_SECONDS:.0f} s at {rate:.2f} req/s")
     result, before, after, samples = await _sampled_load(url, model, arrivals, timeout_s=900, period_s=0.5)
     failed = [r.error for r in result.records if r.error is not None or r.e2e_s is None]
@@ -785,11 +729,6 @@ def write_profile(fit: Fit, path: Path, *, name: str, description: str, cold_sta
         "f_ms": float(f"{fit.f_ms:.4g}"),
         "g_ms": float(f"{fit.g_ms:.4g}"),
         "ttft_overhead_ms": round(fit.ttft_overhead_ms, 3),
-        **(
-            {"ttft_overhead_by_streams": [[n, round(ms, 3)] for n, ms in fit.ttft_overhead_by_streams]}
-            if fit.ttft_overhead_by_streams
-            else {}
-        ),
         "kv_tokens": fit.kv_tokens,
         "gpus": 1,
         "cold_start_mean_s": cold_start_s,
