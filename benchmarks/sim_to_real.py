@@ -49,6 +49,7 @@ from keda_llm_scaler.enginelab.calibrate import (
     calibrate,
     scaled,
     serving_mix,
+    serving_overhead_ms,
     serving_scales,
     simulated_throughput,
     steady_scale,
@@ -230,6 +231,12 @@ def resimulate(run: Path, out: Path, duration_s: float, *, steady: bool = True) 
         "c_ms": round(final.c_ms, 4), "d_ms": round(final.d_ms, 5), "e_ms": round(final.e_ms, 5),
         "b_ms": round(final.b_ms, 6), "f_ms": float(f"{final.f_ms:.4g}"), "g_ms": float(f"{final.g_ms:.4g}"),
     }  # fmt: skip
+    # runs since 2026-12-06 (evening) recorded the serving phase's client TTFT: the overhead is fitted on it
+    # again; older runs keep the overhead they were made with
+    overhead = serving_overhead_ms(final, arrivals, serving.get("client_ttft_mean_ms"))
+    if overhead is not None:
+        profile["ttft_overhead_ms"] = round(overhead, 3)
+        profile.pop("ttft_overhead_by_streams", None)
     out.mkdir(parents=True, exist_ok=True)
     profile_path = out / "profile.json"
     fit_points = {

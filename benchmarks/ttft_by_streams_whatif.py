@@ -3,8 +3,9 @@
 client's TTFT overhead depending on how many answers stream from the replica at the first token, from a
 table measured by ``benchmarks/engine_ttft_split.py`` (the client's TTFT beyond vLLM's own, by answers
 beside), against the flat ``ttft_overhead_ms`` the run's profile carries: the run's profile with
-``ttft_overhead_by_streams`` set to the table (calibrate measures one since 2026-12-06; a run made since
-then can be replayed with another table, or with ``--table flat`` without its own):
+``ttft_overhead_by_streams`` set to the table (calibrate measured one on 2026-12-06, config J's run; that
+run can be replayed with another table, or with ``--table flat`` without its own; calibrate now fits a
+flat overhead on its serving phase instead):
 
     python benchmarks/ttft_by_streams_whatif.py --run docs/sim-to-real/i --table 0:3.3,1:21,3:47,6:57
 

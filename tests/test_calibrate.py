@@ -136,30 +136,30 @@ def test_the_api_server_overhead_by_answers_streaming_follows_the_decodes_at_eac
         assert done["table"][rid].finished_at == pytest.approx(r.finished_at)  # the engine's schedule is the same
 
 
-def test_the_serving_overhead_puts_the_models_ttft_p50_at_the_clients() -> None:
-    """The API server's time is fitted last, on the final model: what the client waited at the p50 of
+def test_the_serving_overhead_puts_the_models_mean_ttft_at_the_clients() -> None:
+    """The API server's time is fitted last, on the final model: what the client waited on average in
     the serving phase beyond what the model gives the same arrivals. An engine whose clients wait 37 ms
     more than its steps (the same arrivals through the model with that overhead stand in for it) gets
-    37 ms back whatever overhead the model carried, and the model with it then gives the client's p50.
+    37 ms back whatever overhead the model carried, and the model with it then gives the client's mean.
     A client faster than the model is no negative time; an unknown client reading is no fit."""
     fitted = dataclasses.replace(get_profile("8b-h100"), max_num_seqs=16, max_num_batched_tokens=2048, c_ms=20.0)
     shapes = serving_mix()
     arrivals = poisson_arrivals(0.5 * simulated_throughput(fitted, shapes), 60.0, 0, 0, seed=4, mix=shapes)
 
-    def p50_ms(profile: Profile) -> float:
+    def mean_ms(profile: Profile) -> float:
         replica = SimReplica(profile)
         replica.submit([Request(i, a.t, a.prompt_tokens, a.output_tokens) for i, a in enumerate(arrivals)])
         replica.advance(3600.0)
-        return 1000.0 * statistics.median(r.ttft for r in replica.finished if r.ttft is not None)
+        return 1000.0 * statistics.fmean(r.ttft for r in replica.finished if r.ttft is not None)
 
-    client = p50_ms(dataclasses.replace(fitted, ttft_overhead_ms=37.0))
+    client = mean_ms(dataclasses.replace(fitted, ttft_overhead_ms=37.0))
     assert serving_overhead_ms(dataclasses.replace(fitted, ttft_overhead_ms=5.0), arrivals, client) == pytest.approx(
         37.0
     )
     fitted_overhead = serving_overhead_ms(fitted, arrivals, client)
     assert fitted_overhead is not None
-    assert p50_ms(dataclasses.replace(fitted, ttft_overhead_ms=fitted_overhead)) == pytest.approx(client)
-    assert serving_overhead_ms(fitted, arrivals, 0.5 * p50_ms(fitted)) == 0.0
+    assert mean_ms(dataclasses.replace(fitted, ttft_overhead_ms=fitted_overhead)) == pytest.approx(client)
+    assert serving_overhead_ms(fitted, arrivals, 0.5 * mean_ms(fitted)) == 0.0
     for unknown in (None, 0.0, float("nan"), float("inf")):
         assert serving_overhead_ms(fitted, arrivals, unknown) is None
 

@@ -54,7 +54,7 @@ each phase, so only its own requests count) and its cache config:
 - **the API server's own time per request**: what the client waits beyond the engine core's queue and
   prefill (tokenizing, the hand-off to the engine core and the wait for its current step, the first
   chunk's write behind the other answers' chunks and the cgroup's throttled periods), as the value that
-  puts the final model's TTFT p50 on the serving phase's arrivals at the client's (``serving_overhead_ms``).
+  puts the final model's mean TTFT on the serving phase's arrivals at the client's (``serving_overhead_ms``).
   The simulator adds it to every TTFT. Measured on requests alone (the prefill probes' median, until
   2026-12-06) or beside N streaming answers (lone probes, on 2026-12-06) it read a third to a half of what
   clients of a serving engine wait there, and the simulator's TTFT p50 read 16-45 % low below the knee on
@@ -398,25 +398,28 @@ def steady_scale(
 
 
 def serving_overhead_ms(
-    profile: Profile, arrivals: Sequence[Arrival], client_ttft_p50_ms: float | None
+    profile: Profile, arrivals: Sequence[Arrival], client_ttft_mean_ms: float | None
 ) -> float | None:
-    """The API server's time per first token (ms, >= 0) that puts the model's TTFT p50 on ``arrivals``
-    at the client's: the client's p50 less the model's without it. None when either is unknown.
+    """The API server's time per first token (ms, >= 0) that puts the model's mean TTFT on ``arrivals``
+    at the client's: the client's mean less the model's without it. None when either is unknown.
 
     It stands for all the client waits beyond the engine core's queue and prefill: tokenizing, the hand-off
-    to the engine core and the wait for its current step, the first chunk's write behind the other answers'
-    chunks and the cgroup's throttled periods. On config J's engines that was 45-54 ms below the knee under
-    serving (``benchmarks/engine_ttft_split.py --serving``); the prefill probes, one request at a time
-    beside almost no decodes, read 19 ms, and lone probes beside N streaming answers (calibrate from
-    2026-12-06 to 12-06) read 9-31 ms in the fleet and 53-60 ms on a fresh engine, so neither measured
-    what a serving engine's clients wait. Fitted last, on the final profile, it also takes what the
+    to the engine core, the first chunk's write behind the other answers' chunks and the cgroup's
+    throttled periods. Below the knee that time was 45-54 ms on config J's engines and 80-85 ms on K's,
+    in calibrate's serving phase and the loads alike, where the model's own wait for the current step is
+    about half a step; the prefill probes, one request at a time beside almost no decodes, read 19 ms on J,
+    and lone probes beside N streaming answers (calibrate on 2026-12-06) read 9-31 ms in the fleet and
+    53-60 ms on a fresh engine: neither measured what a serving engine's clients wait. The mean, as the
+    serving phase's other fits: matched at the p50, K's overhead came to 18 ms, since on calibrate's
+    uniform prompts the engine's TTFT has a longer tail than the model's (mean 249 ms, p50 196), and the
+    simulator's p50 read 26 % low on K's loads. Fitted last, on the final profile, it also takes what the
     steady-overload factor moves the model's TTFT below the knee by."""
-    if client_ttft_p50_ms is None or not (client_ttft_p50_ms > 0 and math.isfinite(client_ttft_p50_ms)):
+    if client_ttft_mean_ms is None or not (client_ttft_mean_ms > 0 and math.isfinite(client_ttft_mean_ms)):
         return None
     ttfts = [r.ttft for r in _served(profile, arrivals) if r.ttft is not None]
     if not ttfts:
         return None
-    return max(0.0, client_ttft_p50_ms - 1000.0 * statistics.median(ttfts))
+    return max(0.0, client_ttft_mean_ms - 1000.0 * statistics.fmean(ttfts))
 
 
 def fit_prefill(points: Sequence[tuple[int, float]], c_ms: float) -> tuple[float, float]:
@@ -596,7 +599,7 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
     k_steady = steady_scale(served, overload, OVERLOAD_WINDOW, steady["engine_rps"])
     final = scaled(served, k_steady, k_steady, served.g_ms * k_steady)
     probes_overhead = overhead
-    fitted_overhead = serving_overhead_ms(final, arrivals, serving["client_ttft_p50_ms"])
+    fitted_overhead = serving_overhead_ms(final, arrivals, serving["client_ttft_mean_ms"])
     if fitted_overhead is not None:
         overhead = fitted_overhead
     steady["model_rps"] = simulated_window_rate(served, overload, OVERLOAD_WINDOW)
@@ -612,8 +615,8 @@ def calibrate(url: str, model: str, *, max_num_seqs: int | None = None) -> Fit:
         f"and prefill {serving['steady_prefill_ms'] or 0:.1f} ms)"
     )
     _say(
-        f"API server: {overhead:.1f} ms per first token (the serving phase's client TTFT p50 "
-        f"{serving['client_ttft_p50_ms'] or 0:.1f} ms, the model's without it; the prefill probes read "
+        f"API server: {overhead:.1f} ms per first token (the serving phase's client TTFT mean "
+        f"{serving['client_ttft_mean_ms'] or 0:.1f} ms, the model's without it; the prefill probes read "
         f"{probes_overhead:.1f} ms beside almost no decodes)"
     )
     return Fit(
