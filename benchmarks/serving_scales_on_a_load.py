@@ -34,7 +34,6 @@ from keda_llm_scaler.enginelab.calibrate import (
 )
 from keda_llm_scaler.enginelab.sweep import poisson_arrivals
 from keda_llm_scaler.sim.profiles import load_profile
-from keda_llm_scaler.sim.trace import BUNDLED_TRACE, load_trace
 
 sys.path.insert(0, str(Path(__file__).parent))
 import sim_to_real
@@ -55,10 +54,7 @@ def main() -> int:
         e_ms=recorded["e_ms"] / k_d, b_ms=recorded["b_ms"] / k_p, f_ms=recorded["f_ms"] / k_p, g_ms=0.0,
     )  # fmt: skip
     result = json.loads((args.run / "results.json").read_text())
-    mix = [
-        (min(r.prompt, sim_to_real.MAX_PROMPT), min(r.output, sim_to_real.MAX_OUTPUT))
-        for r in load_trace(BUNDLED_TRACE)[:4000]
-    ]
+    mix = sim_to_real.loads_mix()
     row = result["rows"][args.load]
     runs = row.get("real_repeats") or [row["real"]]
     if any("engine_itl_ms" not in r for r in runs):
@@ -85,13 +81,8 @@ def main() -> int:
             fields = {k: v for k, v in recorded.items() if k != "fit_points"}
             coefficients = {k: getattr(profile, k) for k in ("c_ms", "b_ms", "d_ms", "e_ms", "f_ms", "g_ms")}
             path.write_text(json.dumps({**fields, **coefficients}))
-            by_fleet: dict[int, int] = {}
-            for r in result["rows"]:
-                n = r["engines"]
-                i = by_fleet.get(n, 0)
-                by_fleet[n] = i + 1
-                loads = poisson_arrivals(r["rate"], args.duration, 0, 0, seed=100 * n + i, mix=mix)
-                sim = sim_to_real._sim(str(path), n, loads)
+            for r, loads in sim_to_real.recorded_loads(result, args.duration, mix):
+                sim = sim_to_real._sim(str(path), r["engines"], loads)
                 real = r.get("real_repeats") or [r["real"]]
                 print(
                     f"{label}: {r['load']} x knee: simulator TTFT p50 {1000 * sim['ttft_p50_s']:.0f} ms "

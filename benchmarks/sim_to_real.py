@@ -195,6 +195,30 @@ def _sim(profile: str, n: int, arrivals: list[Arrival]) -> dict[str, Any]:
     }
 
 
+def loads_mix() -> list[tuple[int, int]]:
+    """The loads' token mix: the bundled conversation trace clamped to ``MAX_PROMPT`` / ``MAX_OUTPUT``."""
+    return [(min(r.prompt, MAX_PROMPT), min(r.output, MAX_OUTPUT)) for r in load_trace(BUNDLED_TRACE)[:4000]]
+
+
+def load_arrivals(rate: float, duration_s: float, engines: int, i: int, mix: list[tuple[int, int]]) -> list[Arrival]:
+    """The arrivals of a fleet of ``engines``' ``i``-th load: the seed rule every rebuild of a run uses."""
+    return poisson_arrivals(rate, duration_s, 0, 0, seed=100 * engines + i, mix=mix)
+
+
+def recorded_loads(
+    result: dict[str, Any], duration_s: float, mix: list[tuple[int, int]]
+) -> list[tuple[dict[str, Any], list[Arrival]]]:
+    """Each row of a recorded run's ``results.json`` with its arrivals rebuilt (loads counted per fleet size)."""
+    by_fleet: dict[int, int] = {}
+    out = []
+    for row in result["rows"]:
+        n = row["engines"]
+        i = by_fleet.get(n, 0)
+        by_fleet[n] = i + 1
+        out.append((row, load_arrivals(row["rate"], duration_s, n, i, mix)))
+    return out
+
+
 def resimulate(run: Path, out: Path, duration_s: float, *, steady: bool = True) -> dict[str, Any]:
     """The simulator's side of a recorded run again, with calibrate's current rule: the fitted profile
     before its serving and steady scales (the recorded coefficients over the recorded factors), scaled again
@@ -245,17 +269,12 @@ def resimulate(run: Path, out: Path, duration_s: float, *, steady: bool = True) 
     }  # fmt: skip
     profile_path.write_text(json.dumps({**profile, "fit_points": fit_points}, indent=2) + "\n")
     result: dict[str, Any] = json.loads((run / "results.json").read_text())
-    mix = [(min(r.prompt, MAX_PROMPT), min(r.output, MAX_OUTPUT)) for r in load_trace(BUNDLED_TRACE)[:4000]]
+    mix = loads_mix()
     result["profile"] = profile
     result["sim_knee_rps"] = capacity_at_slo(get_profile(str(profile_path)), tuple(mix), SLO_S)
-    by_fleet: dict[int, int] = {}
-    for row in result["rows"]:
-        n = row["engines"]
-        i = by_fleet.get(n, 0)
-        by_fleet[n] = i + 1
-        loads = poisson_arrivals(row["rate"], duration_s, 0, 0, seed=100 * n + i, mix=mix)
+    for row, loads in recorded_loads(result, duration_s, mix):
         assert len(loads) == row["real"]["requests"], "the recorded run's arrivals were not these"
-        row["sim"] = _sim(str(profile_path), n, loads)
+        row["sim"] = _sim(str(profile_path), row["engines"], loads)
     if "drain" in result:  # runs since 2026-12-05
         shapes = _drain_shapes(mix, get_profile(str(profile_path)).max_num_seqs)
         assert len(shapes) == result["drain"]["requests"], "the recorded run's burst was not this"
@@ -319,7 +338,7 @@ def main() -> int:
         cold_start_s=round(statistics.fmean(float(x) for x in ready), 1),
     )
     _say(f"calibrated in {time.monotonic() - t0:.0f} s: {profile}")
-    mix = [(min(r.prompt, MAX_PROMPT), min(r.output, MAX_OUTPUT)) for r in load_trace(BUNDLED_TRACE)[:4000]]
+    mix = loads_mix()
     calibrated = get_profile(str(profile_path))
     seqs = calibrated.max_num_seqs
     speed = [_speed_check(urls, model, seqs, mix, "after calibrate")]
@@ -338,7 +357,7 @@ def main() -> int:
         for i, share in enumerate(LOADS):
             rate = share * knee * n
             speed.append(_speed_check(urls, model, seqs, mix, f"before {n} x {share:.1f} x knee"))
-            arrivals = poisson_arrivals(rate, args.duration, 0, 0, seed=100 * n + i, mix=mix)
+            arrivals = load_arrivals(rate, args.duration, n, i, mix)
             runs = [_real(urls[:n], model, arrivals) for _ in range(max(1, args.repeat))]
             sim = _sim(str(profile_path), n, arrivals)
             row = {"load": share, "rate": rate, "engines": n, "real": runs[0], "sim": sim}

@@ -21,9 +21,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from keda_llm_scaler.enginelab.sweep import poisson_arrivals
-from keda_llm_scaler.sim.trace import BUNDLED_TRACE, load_trace
-
 sys.path.insert(0, str(Path(__file__).parent))
 import sim_to_real
 
@@ -45,17 +42,10 @@ def main() -> int:
     scratch = tempfile.TemporaryDirectory()
     patched_profile = Path(scratch.name) / "profile.json"
     patched_profile.write_text(json.dumps(profile))
-    mix = [
-        (min(r.prompt, sim_to_real.MAX_PROMPT), min(r.output, sim_to_real.MAX_OUTPUT))
-        for r in load_trace(BUNDLED_TRACE)[:4000]
-    ]
+    mix = sim_to_real.loads_mix()
     recorded = {id(row): row["sim"] for row in result["rows"]}
-    by_fleet: dict[int, int] = {}
-    for row in result["rows"]:
+    for row, arrivals in sim_to_real.recorded_loads(result, args.duration, mix):
         n = row["engines"]
-        i = by_fleet.get(n, 0)
-        by_fleet[n] = i + 1
-        arrivals = poisson_arrivals(row["rate"], args.duration, 0, 0, seed=100 * n + i, mix=mix)
         patched = sim_to_real._sim(str(patched_profile), n, arrivals)
         real = row.get("real_repeats") or [row["real"]]
         print(
