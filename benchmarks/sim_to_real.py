@@ -238,6 +238,50 @@ def add_at_speed(result: dict[str, Any], profile_path: Path, mix: list[tuple[int
             row["sim_at_speed"] = {**_sim(str(path), row["engines"], arrivals), "step_factor": round(k, 4)}
 
 
+GOAL_POINTS = 5.0  # the fidelity goal: attainment within this many points of the engines'
+GOAL_TTFT_ERROR = 0.25  # and TTFT p50 within this fraction of theirs
+
+
+def speed_band(result: dict[str, Any]) -> tuple[float, float] | None:
+    """The slowest and fastest the engines were through a run: the lowest and highest of its speed checks
+    (each check the mean of its engines' drain-burst rates, req/s per engine). None on runs without two."""
+    means = [statistics.fmean(rates) for c in result.get("speed", []) if (rates := [x for x in c["real_rps"] if x > 0])]
+    return (min(means), max(means)) if len(means) >= 2 else None
+
+
+def within_band(real: dict[str, Any], band: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, bool]:
+    """Whether a real run's attainment and TTFT p50 fall within what the simulator gives over the engines'
+    speed band, widened by the goal's tolerance: what a profile taken once can promise where the engines'
+    own speed moves through a run."""
+    attainments = [s["attainment"] for s in band]
+    ttfts = [s["ttft_p50_s"] for s in band]
+    low_a, high_a = min(attainments) - GOAL_POINTS / 100, max(attainments) + GOAL_POINTS / 100
+    low_t, high_t = min(ttfts) * (1 - GOAL_TTFT_ERROR), max(ttfts) * (1 + GOAL_TTFT_ERROR)
+    return {
+        "attainment": low_a <= real["attainment"] <= high_a,
+        "ttft_p50": low_t <= real["ttft_p50_s"] <= high_t,
+    }
+
+
+def add_speed_band(result: dict[str, Any], profile_path: Path, mix: list[tuple[int, int]], rows: list[Any]) -> None:
+    """Each row's ``sim_band``: its arrivals through the profile held to the slowest and to the fastest
+    speed the engines showed through the run (``speed_band``, ``at_speed``), and ``within_band`` for each
+    of the engines' runs of it. Past the knee, where arrivals and the engines' sustained rate are within a
+    few percent, a percent of speed moves attainment by several points, and the engines' speed moves by
+    more than that within one run: the band is what a calibration taken once can be held to there."""
+    band = speed_band(result)
+    if band is None:
+        return
+    for row, arrivals in rows:
+        ends = []
+        for rps in band:
+            with tempfile.TemporaryDirectory() as tmp:
+                path, k = at_speed(profile_path, rps, mix, Path(tmp) / "profile.json")
+                ends.append({**_sim(str(path), row["engines"], arrivals), "rps": rps, "step_factor": round(k, 4)})
+        row["sim_band"] = {"slow": ends[0], "fast": ends[1]}
+        row["within_band"] = [within_band(r, (ends[0], ends[1])) for r in row.get("real_repeats", [row["real"]])]
+
+
 def loads_mix() -> list[tuple[int, int]]:
     """The loads' token mix: the bundled conversation trace clamped to ``MAX_PROMPT`` / ``MAX_OUTPUT``."""
     return [(min(r.prompt, MAX_PROMPT), min(r.output, MAX_OUTPUT)) for r in load_trace(BUNDLED_TRACE)[:4000]]
@@ -318,7 +362,9 @@ def resimulate(run: Path, out: Path, duration_s: float, *, steady: bool = True) 
     for row, loads in recorded_loads(result, duration_s, mix):
         assert len(loads) == row["real"]["requests"], "the recorded run's arrivals were not these"
         row["sim"] = _sim(str(profile_path), row["engines"], loads)
-    add_at_speed(result, profile_path, mix, recorded_loads(result, duration_s, mix))
+    loads = recorded_loads(result, duration_s, mix)
+    add_at_speed(result, profile_path, mix, loads)
+    add_speed_band(result, profile_path, mix, loads)
     if "drain" in result:  # runs since 2026-12-05
         shapes = _drain_shapes(mix, get_profile(str(profile_path)).max_num_seqs)
         assert len(shapes) == result["drain"]["requests"], "the recorded run's burst was not this"
@@ -426,6 +472,7 @@ def main() -> int:
         "speed": [*speed, {"at": "at the end (the drain)", "real_rps": drain["real_rps"]}],
     }
     add_at_speed(result, profile_path, mix, loads)
+    add_speed_band(result, profile_path, mix, loads)
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(table(result))
     return 0
@@ -435,7 +482,8 @@ def table(result: dict[str, Any]) -> str:
     head = "| engines | load | req/s | attainment real / sim (points) | TTFT p50 s real / sim (error) |"
     head += " TTFT p95 s real / sim | ITL p50 ms real / sim | real again: attainment, TTFT p50 |"
     head += " sim at the engines' speed (bound): attainment, TTFT p50 |"
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    head += " sim over the engines' speed band, slowest to fastest: attainment, TTFT p50 (real inside?) |"
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         r, s = row["real"], row["sim"]
         err = (s["ttft_p50_s"] - r["ttft_p50_s"]) / r["ttft_p50_s"] if r["ttft_p50_s"] else float("nan")
@@ -461,6 +509,8 @@ def table(result: dict[str, Any]) -> str:
                 if (a := row.get("sim_at_speed"))
                 else "—"
             )
+            + " | "
+            + (_band_cell(row) if "sim_band" in row else "—")
             + " |"
         )
     if "drain" in result:
@@ -478,6 +528,19 @@ def table(result: dict[str, Any]) -> str:
             + (f". The mean moved {100 * (max(means) / min(means) - 1):.0f} % from its slowest." if means else ".")
         )
     return "\n".join(lines)
+
+
+def _band_cell(row: dict[str, Any]) -> str:
+    """The band's two ends, and for each of the engines' runs whether it fell inside (or what did not)."""
+    slow, fast = row["sim_band"]["slow"], row["sim_band"]["fast"]
+    inside = "; ".join(
+        "yes" if all(w.values()) else ", ".join(f"{name} outside" for name, ok in w.items() if not ok)
+        for w in row["within_band"]
+    )
+    return (
+        f"{100 * slow['attainment']:.1f} to {100 * fast['attainment']:.1f} %, "
+        f"{slow['ttft_p50_s']:.3f} to {fast['ttft_p50_s']:.3f} s ({inside})"
+    )
 
 
 if __name__ == "__main__":
