@@ -282,6 +282,48 @@ def add_speed_band(result: dict[str, Any], profile_path: Path, mix: list[tuple[i
         row["within_band"] = [within_band(r, (ends[0], ends[1])) for r in row.get("real_repeats", [row["real"]])]
 
 
+def plot_bands(runs: dict[str, dict[str, Any]], path: Path) -> None:
+    """One PNG of recorded runs' ``sim_band``s: per load (columns), attainment (top) and TTFT p50 (bottom,
+    log) for each run, the band as a bar from its slow end to its fast one, the calibrated simulator as a
+    cross and each of the engines' runs as a dot. Rows without a band are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(LOADS), figsize=(4.2 * len(LOADS), 7), sharex=True, squeeze=False)
+    names = list(runs)
+    for col, load in enumerate(LOADS):
+        top, bottom = axes[0][col], axes[1][col]
+        for x, name in enumerate(names):
+            for row in runs[name]["rows"]:
+                if abs(row["load"] - load) > 1e-9 or "sim_band" not in row:
+                    continue
+                ends = (row["sim_band"]["slow"], row["sim_band"]["fast"])
+                reals = row.get("real_repeats", [row["real"]])
+                for ax, key, scale in ((top, "attainment", 100.0), (bottom, "ttft_p50_s", 1.0)):
+                    low, high = sorted(scale * e[key] for e in ends)
+                    ax.plot([x, x], [low, high], color="#bbbbbb", linewidth=9, solid_capstyle="butt")
+                    ax.plot([x], [scale * row["sim"][key]], "x", color="#d62728", markersize=9)
+                    ax.plot([x] * len(reals), [scale * r[key] for r in reals], "o", color="#1f77b4")
+        top.set_title(f"{load:.1f} x knee")
+        top.set_ylim(-3, 103)
+        bottom.set_yscale("log")
+        bottom.set_xticks(range(len(names)), names)
+        bottom.set_xlim(-0.6, len(names) - 0.4)
+    axes[0][0].set_ylabel("attainment, % within TTFT 1 s")
+    axes[1][0].set_ylabel("TTFT p50, s")
+    handles = [
+        plt.Line2D([], [], color="#bbbbbb", linewidth=9, label="simulator over the engines' speed band"),
+        plt.Line2D([], [], color="#d62728", marker="x", linestyle="", label="simulator as calibrated"),
+        plt.Line2D([], [], color="#1f77b4", marker="o", linestyle="", label="the engines (each run)"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def loads_mix() -> list[tuple[int, int]]:
     """The loads' token mix: the bundled conversation trace clamped to ``MAX_PROMPT`` / ``MAX_OUTPUT``."""
     return [(min(r.prompt, MAX_PROMPT), min(r.output, MAX_OUTPUT)) for r in load_trace(BUNDLED_TRACE)[:4000]]
@@ -398,6 +440,14 @@ def main() -> int:
         "rule (its serving phase refitted), into --out (use the run's --duration)",
     )
     ap.add_argument(
+        "--plot-bands",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="RUN",
+        help="no engines: draw recorded runs' speed bands (results.json with sim_band) into --out/bands.png",
+    )
+    ap.add_argument(
         "--no-steady",
         action="store_true",
         help="with --resimulate: leave calibrate's steady-overload phase out (the rule before it)",
@@ -409,6 +459,12 @@ def main() -> int:
         "loads run them)",
     )
     args = ap.parse_args()
+    if args.plot_bands:
+        runs = {run.name: json.loads((run / "results.json").read_text()) for run in args.plot_bands}
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot_bands(runs, args.out / "bands.png")
+        _say(f"wrote {args.out / 'bands.png'}")
+        return 0
     if args.resimulate is not None:
         print(table(resimulate(args.resimulate, args.out, args.duration, steady=not args.no_steady)))
         return 0

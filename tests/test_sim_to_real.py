@@ -15,6 +15,7 @@ from benchmarks.sim_to_real import (
     add_speed_band,
     at_speed,
     load_arrivals,
+    plot_bands,
     speed_band,
     speed_check_before,
     table,
@@ -154,3 +155,12 @@ def test_no_band_without_two_speed_checks(tmp_path: Path) -> None:
     row = {"load": 0.5, "rate": 1.0, "engines": 1}
     add_speed_band({"speed": [{"at": "after calibrate", "real_rps": [1.0]}]}, path, MIX, [(row, [])])
     assert "sim_band" not in row
+
+
+def test_the_bands_plot_is_a_png_and_leaves_rows_without_a_band_out(tmp_path: Path) -> None:
+    end = {"attainment": 0.4, "ttft_p50_s": 0.9}
+    real = {"attainment": 0.5, "ttft_p50_s": 1.0}
+    banded = {"load": 1.3, "real": real, "sim": real, "sim_band": {"slow": end, "fast": real}}
+    runs = {"m": {"rows": [banded, {"load": 0.5, "real": real, "sim": real}]}, "n": {"rows": []}}
+    plot_bands(runs, tmp_path / "bands.png")
+    assert (tmp_path / "bands.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
