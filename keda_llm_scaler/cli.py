@@ -193,8 +193,12 @@ def _report(source: str, s: ReplicaSignals, params: ScoringParams) -> dict[str, 
         "source": source,
         "engine": s.engine,
         "models": list(s.models),
+        # the capacity-waiting where the engine splits its waiting (vLLM 0.30+), beside what it defers
+        "sleeping": None if s.sleep_level is None else s.sleep_level > 0,
         "signals": {
             "waiting": s.waiting,
+            "deferred": s.deferred,
+            "sleep_level": s.sleep_level,
             "running": s.running,
             "kv_usage": s.kv_usage,
             "kv_usage_max": s.kv_usage_max,
@@ -222,6 +226,10 @@ def _print_human(report: dict[str, Any]) -> None:
         f"(max {sig['kv_usage_max']:.3f})  demand={report['demand']:g} replica-equivalents  "
         f"~{100 * report['kv_utilization']:.0f} % of capacity by its KV"
     )
+    if sig["deferred"]:
+        print(f"  deferred={sig['deferred']:g} (waiting on LoRA, a KV transfer or a blocked status: not demand)")
+    if report["sleeping"]:
+        print(f"  asleep (level {sig['sleep_level']}): its 0 waiting and 0 running are not free capacity")
     for e in report["engines"]:
         print(f"  engine {e['rank']}: waiting={e['waiting']:g} running={e['running']:g} kv_usage={e['kv_usage']:.3f}")
 

@@ -70,6 +70,9 @@ class Evaluation:
     # Fleet signals over the replicas with good data (fresh, or stale inside staleAfter); None when no
     # replica has any: a fleet that never answered has no queue reading, which is not an empty queue.
     waiting: float | None = None
+    # held back by the engines for reasons more replicas do not remove (vLLM's "deferred"): not in waiting;
+    # None while no replica with data splits its waiting
+    deferred: float | None = None
     running: float | None = None
     kv_usage: float | None = None
     reject_rate: float | None = None
@@ -309,6 +312,7 @@ class FleetState:
             composite=comp,
             error=error,
             waiting=math.fsum(r.signals.waiting for r in live if r.signals) if live else None,
+            deferred=_sum_known(r.signals.deferred for r in live if r.signals),
             running=math.fsum(r.signals.running for r in live if r.signals) if live else None,
             kv_usage=(math.fsum(r.signals.kv_usage for r in live if r.signals) / len(live)) if live else None,
             reject_rate=_sum_known(r.reject_rate for r in live),

@@ -86,6 +86,7 @@ _SERIES: Final = SampleNames(
         "replicas",
         "target_up",
         "waiting_requests",
+        "deferred_requests",
         "running_requests",
         "kv_usage_ratio",
     )
@@ -578,6 +579,7 @@ def explain(text: str, namespace: str, name: str, target_id: str | None) -> dict
         "planned_requests_per_second": one("planned_requests_per_second"),
         "replicas": {labels.get("state", ""): int(value) for labels, value in series("replicas")},
         "waiting_requests": one("waiting_requests"),
+        "deferred_requests": one("deferred_requests"),
         "running_requests": one("running_requests"),
         "kv_usage_ratio": one("kv_usage_ratio"),
     }
@@ -682,6 +684,11 @@ def _print_explanation(e: dict[str, Any]) -> None:
         f"  replicas: {replicas}; waiting {_num(e['waiting_requests'])}, running {_num(e['running_requests'])}, "
         f"kv_usage {_num(e['kv_usage_ratio'])}; target_up {_num(e['target_up'])}"
     )
+    if e.get("deferred_requests"):
+        print(
+            f"  deferred {_num(e['deferred_requests'])}: waiting on LoRA, a KV transfer or a blocked status, "
+            "not counted as demand"
+        )
 
 
 def probe_main(args: argparse.Namespace) -> int:

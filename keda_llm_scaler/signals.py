@@ -105,6 +105,12 @@ class ReplicaSignals:
     kv_usage_max: float
     engines: tuple[EngineSignals, ...]
     models: tuple[str, ...] = ()
+    # Waiting requests the engine holds back for reasons more replicas do not remove (vLLM 0.30+: the LoRA
+    # budget, an async KV transfer, a blocked status); they are not in ``waiting``. None: not split.
+    deferred: float | None = None
+    # 0 awake, 1 or 2 asleep (vLLM's sleep levels: weights offloaded, discarded; the deepest engine of the
+    # pod); None: the engine does not say. An engine asleep reads 0 waiting and 0 running.
+    sleep_level: int | None = None
     preemptions_total: float | None = None
     rejects_total: float | None = None
     admitted_total: float | None = None

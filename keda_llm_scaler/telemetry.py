@@ -60,6 +60,11 @@ class _TargetCollector(Collector):
         # fleet signals: absent while no replica has data (never answered, or expired), never a 0 for it;
         # llm_scaler_replicas{state} and llm_scaler_scrape_errors_total{reason} say why
         waiting = family("waiting_requests", "Requests waiting, summed over replicas with data")
+        deferred = family(
+            "deferred_requests",
+            "Requests the engines hold back for reasons more replicas do not remove (vLLM: LoRA budget, KV "
+            "transfer, blocked status), summed over replicas that split their waiting; not in waiting_requests",
+        )
         running = family("running_requests", "Requests running, summed over replicas with data")
         kv = family("kv_usage_ratio", "Mean KV-cache usage (0-1) over replicas with data")
         rejects = family("rejects_per_second", "Admission rejects per second, fleet total")
@@ -143,6 +148,7 @@ class _TargetCollector(Collector):
             ev = snap.evaluation
             optional: list[tuple[GaugeMetricFamily, float | None]] = [
                 (waiting, ev.waiting),
+                (deferred, ev.deferred),
                 (running, ev.running),
                 (kv, ev.kv_usage),
                 (rejects, ev.reject_rate),
@@ -160,6 +166,7 @@ class _TargetCollector(Collector):
             up,
             active,
             waiting,
+            deferred,
             running,
             kv,
             rejects,

@@ -16,10 +16,11 @@ def _engines(text: str, **kw: object) -> list[tuple[str, float, float, float]]:
 
 
 def test_vllm_v1_single_engine_matches_fixture_header() -> None:
-    # header: "engine 0: running=42 waiting=7 kv=0.63 preemptions=3"
+    # header: "engine 0: running=42 waiting=7 kv=0.63 preemptions=3"; the 7 is the waiting gauge, which
+    # since vLLM 0.30 is 5 waiting for capacity (demand) + 2 deferred (num_requests_waiting_by_reason)
     r = read_replica(fixture_text("vllm_v1_reconstructed_latest_1engine.txt"))
     assert r.engine == "vllm"
-    assert (r.waiting, r.running, r.kv_usage, r.preemptions_total) == (7, 42, 0.63, 3)
+    assert (r.waiting, r.deferred, r.running, r.kv_usage, r.preemptions_total) == (5, 2, 42, 0.63, 3)
     assert r.models == (MODEL,)
     assert r.rejects_total == 12.0  # http_requests_total{handler="/v1/...",status="5xx"}
 
@@ -217,3 +218,52 @@ def test_two_ray_workers_on_one_endpoint_are_two_engines() -> None:
     )
     r = read_replica(base + second)
     assert len(r.engines) == 2
+
+
+# Made by vLLM 0.34.0's own PrometheusStatLogger (scripts/make_fixtures); each file's second line says what
+# its engines were given: (running, waiting for capacity, deferred, KV usage) per engine.
+@pytest.mark.parametrize(
+    ("fixture", "engines", "deferred", "sleep_level"),
+    [
+        ("vllm_v0.34.0_capacity-and-deferred.txt", [("0", 7, 5, 0.42)], 2, 0),
+        ("vllm_v0.34.0_dp2-deferred.txt", [("0", 1, 4, 0.61), ("1", 0, 2, 0.18)], 3, 0),
+        ("vllm_v0.34.0_sleeping-level1.txt", [("0", 0, 0, 0.0)], 0, 1),
+        ("vllm_v0.34.0_sleeping-level2.txt", [("0", 0, 0, 0.0)], 0, 2),
+    ],
+)
+def test_vllm_034_demand_is_the_capacity_waiting_and_sleep_is_read(
+    fixture: str, engines: list[tuple[str, float, float, float]], deferred: float, sleep_level: int
+) -> None:
+    text = fixture_text(fixture)
+    assert "made by vLLM 0.34.0's PrometheusStatLogger" in text.splitlines()[0]
+    r = read_replica(text)
+    assert _engines(text) == engines
+    assert r.waiting == sum(w for _, w, _, _ in engines)
+    assert r.deferred == deferred
+    assert r.sleep_level == sleep_level
+
+
+def test_vllm_034_admission_rejections_are_the_rejects() -> None:
+    r = read_replica(fixture_text("vllm_v0.34.0_capacity-and-deferred.txt"))
+    assert r.rejects_total == 3  # vllm:admission_rejections_total{reason="max_num_queued_reqs"}
+
+
+def test_engines_that_do_not_split_their_waiting_or_sleep_say_so() -> None:
+    """vLLM before 0.30 (and SGLang): the waiting gauge is all there is, and nothing says the engine is
+    asleep: unknown (None), never 0 deferred or awake."""
+    r = read_replica(fixture_text("vllm_v1_reconstructed_v0.10_dp4.txt"))
+    assert (r.deferred, r.sleep_level) == (None, None)
+    assert r.waiting > 0
+
+
+def test_an_engine_whose_awake_series_reads_0_is_asleep_even_without_a_level() -> None:
+    text = """vllm:num_requests_waiting{engine="0",model_name="m"} 0
+vllm:num_requests_running{engine="0",model_name="m"} 0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0
+vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} 0
+vllm:num_requests_waiting{engine="1",model_name="m"} 0
+vllm:num_requests_running{engine="1",model_name="m"} 0
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0
+vllm:engine_sleep_state{engine="1",model_name="m",sleep_state="awake"} 1
+"""
+    assert read_replica(text).sleep_level == 1  # the pod's deepest engine

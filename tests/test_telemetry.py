@@ -139,3 +139,29 @@ async def test_a_fleet_without_data_exports_no_queue_reading_and_says_why() -> N
     assert values("llm_scaler_running_requests", "idle") == [0.0]
     assert values("llm_scaler_kv_usage_ratio", "idle") == [0.0]
     assert values("llm_scaler_replicas", "idle", state="fresh") == [1.0]
+
+
+async def test_deferred_requests_are_exported_apart_and_kept_out_of_the_queue() -> None:
+    """Two vLLM 0.34 data-parallel engines (their own exporter's payload): engine 0 runs 4 and waits 4, of
+    which 1 for capacity and 3 deferred; engine 1 runs 2 and waits for nothing. The fleet's waiting and the
+    queue term read the 1 (the worst engine's queue over max(targetQueueDepth 5, its batch of 4): 1/5,
+    where all 4 would read 4/5); the 3 are exported on their own. A fleet whose engines do not split their waiting has
+    no deferred series at all: unknown, not 0."""
+    from tests.conftest import fixture_text
+
+    split = fixture_text("vllm_v0.34.0_dp2-deferred.txt")
+    with replicas(split) as new, replicas(vllm_v1([EngineLoad(3, 5, 0.2)])) as old:
+        async with running_scaler() as server, channel_to(server) as ch:
+            for name, fleet in (("new", new), ("old", old)):
+                await KedaEmulator(ch, name, "serving", {"endpoints": fleet[0].url, **FAST}).poll()
+            m = await asyncio.to_thread(scrape, server.metrics_port)
+
+    def values(name: str, scaledobject: str, **extra: str) -> list[float]:
+        want = {"namespace": "serving", "scaledobject": scaledobject, **extra}
+        return [v for lab, v in m.get(name, []) if want.items() <= lab.items()]
+
+    assert values("llm_scaler_waiting_requests", "new") == [1.0]
+    assert values("llm_scaler_deferred_requests", "new") == [3.0]
+    assert values("llm_scaler_composite_term", "new", term="queue") == [0.2]
+    assert values("llm_scaler_waiting_requests", "old") == [3.0]
+    assert values("llm_scaler_deferred_requests", "old") == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 from keda_llm_scaler.engines.base import (
@@ -21,6 +22,13 @@ from keda_llm_scaler.signals import ReplicaSignals
 __all__ = ["VllmAdapter"]
 
 WAITING: Final = "vllm:num_requests_waiting"
+# Since 0.30 the waiting gauge is the sum of two reasons (vllm/v1/metrics/loggers.py): "capacity", the
+# requests that wait for room in the batch, and "deferred", the ones held back by the LoRA budget, an async
+# KV transfer (the decode side of P/D) or a blocked status. More replicas serve only the first: demand.
+WAITING_BY_REASON: Final = "vllm:num_requests_waiting_by_reason"
+# awake=1, or awake=0 with weights_offloaded=1 (sleep level 1) or discard_all=1 (level 2), per engine. An
+# engine asleep exports 0 waiting and 0 running: it is not free capacity until it is woken.
+SLEEP_STATE: Final = "vllm:engine_sleep_state"
 RUNNING: Final = "vllm:num_requests_running"
 # Renamed in 0.9.2; both are emitted with identical values until 0.11 hides the old one. Never add them.
 KV_NAMES: Final = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -45,6 +53,30 @@ def _engine_rank(sample: Sample) -> str:
     return sample.labels.get("engine") or sample.labels.get("WorkerId") or "0"
 
 
+def _waiting_by_reason(series: list[Sample], reason: str) -> dict[str, float]:
+    """Per engine, the waiting gauge's series for one reason (engines that do not split theirs: absent)."""
+    return gauge_by_group((s for s in series if s.labels.get("reason") == reason), _engine_rank, sum)
+
+
+def _sleep_levels(series: list[Sample]) -> dict[str, int]:
+    """Per engine, 0 awake, 1 asleep with its weights offloaded, 2 asleep with them discarded. vLLM sets
+    every engine at once; an engine whose awake series reads 0 with neither level set is asleep at level 1
+    (the lighter reading: it is still not capacity)."""
+    states: dict[str, dict[str, float]] = {}
+    for s in series:
+        if "sleep_state" in s.labels and not math.isnan(s.value):
+            states.setdefault(_engine_rank(s), {})[s.labels["sleep_state"]] = s.value
+    levels = {}
+    for rank, state in states.items():
+        if state.get("discard_all", 0.0) >= 1.0:
+            levels[rank] = 2
+        elif state.get("weights_offloaded", 0.0) >= 1.0 or state.get("awake", 1.0) < 1.0:
+            levels[rank] = 1
+        else:
+            levels[rank] = 0
+    return levels
+
+
 def _is_generation_handler(sample: Sample) -> bool:
     return sample.labels.get("handler", "").startswith("/v1/")
 
@@ -53,7 +85,7 @@ class VllmAdapter:
     name = "vllm"
     sample_names = SampleNames(
         {WAITING, RUNNING, *KV_NAMES, PREEMPTIONS, ADMISSION_REJECTIONS, HTTP_REQUESTS, SUCCESS, PROMPT_TOKENS}
-        | {GENERATION_TOKENS}
+        | {GENERATION_TOKENS, WAITING_BY_REASON, SLEEP_STATE}
         | histogram_names(TTFT)
         | histogram_names(QUEUE_TIME)
         | histogram_names(HOLD_TIME)
@@ -65,6 +97,10 @@ class VllmAdapter:
     def extract(self, samples: Samples, model: str | None) -> ReplicaSignals:
         flt = SeriesFilter(model, ("model_name",))
         waiting = gauge_by_group(flt.require(samples, WAITING), _engine_rank, sum)
+        deferred = _waiting_by_reason(flt.select(samples, WAITING_BY_REASON), "deferred")
+        # per engine, where the engine splits its waiting: the capacity-waiting is the demand
+        waiting.update(_waiting_by_reason(flt.select(samples, WAITING_BY_REASON), "capacity"))
+        sleep_levels = _sleep_levels(flt.select(samples, SLEEP_STATE))
         running = gauge_by_group(flt.require(samples, RUNNING), _engine_rank, sum)
         kv: dict[str, float] = {}
         for name in reversed(KV_NAMES):  # the new name wins per engine where both exist
@@ -86,6 +122,8 @@ class VllmAdapter:
             self.name,
             engines,
             models=tuple(sorted({m for s in samples.get(WAITING, ()) if (m := flt.model_of(s))})),
+            deferred=math.fsum(deferred.values()) if deferred else None,
+            sleep_level=max(sleep_levels.values()) if sleep_levels else None,
             preemptions_total=counter_sum(preemptions),
             rejects_total=rejects,
             admitted_total=counter_sum(success),
