@@ -267,3 +267,31 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0
 vllm:engine_sleep_state{engine="1",model_name="m",sleep_state="awake"} 1
 """
     assert read_replica(text).sleep_level == 1  # the pod's deepest engine
+
+
+# Made by SGLang 0.5.23's own collectors and HTTP middleware counters (scripts/make_fixtures).
+def test_sglang_0523_refusals_are_its_rejects_and_not_admitted() -> None:
+    text = fixture_text("sglang_v0.5.23_rejects-503.txt")
+    assert "made by SGLang 0.5.23's" in text.splitlines()[0]
+    r = read_replica(text)
+    assert _engines(text) == [("0", 30, 12, 0.93)]
+    # 6 chat completions answered 503 (queue full); /health's 4 503s while starting are not rejects
+    assert r.rejects_total == 6
+    # num_requests_total counts the 46 finished, the 6 refused among them
+    assert r.admitted_total == 40
+    assert ("rejects", "endpoint=/v1/chat/completions,method=POST,status_code=503", 6.0) in r.counter_series
+
+
+def test_sglang_0523_priority_queues_read_their_total_once() -> None:
+    """With priority scheduling the queue gauge carries its total under priority="" and one series per
+    priority beside it (3 + 2): the total is the reading, never the sum of the three."""
+    text = fixture_text("sglang_v0.5.23_dp2-priority.txt")
+    r = read_replica(text)
+    assert _engines(text) == [("0", 5, 8, 0.71), ("1", 0, 3, 0.22)]
+    assert (r.waiting, r.running) == (5, 11)
+    assert r.rejects_total == 0  # the middleware's counter is there, no 503 yet: 0, not unknown
+
+
+def test_sglang_before_the_http_counter_has_no_reject_reading() -> None:
+    r = read_replica(fixture_text("sglang_v0.4.x_docs-production-metrics-md.txt"))
+    assert r.rejects_total is None

@@ -28,6 +28,23 @@ TTFT: Final = "sglang:time_to_first_token_seconds"
 PROMPT_TOKENS: Final = "sglang:prompt_tokens_total"
 GENERATION_TOKENS: Final = "sglang:generation_tokens_total"
 QUEUE_TIME: Final = "sglang:queue_time_seconds"
+# SGLang has no reject counter. A request refused for a full queue or a wait timeout is answered 503 and
+# shows in its HTTP middleware's counter (0.5+, no model label), and is also counted as finished in
+# num_requests_total with 0 tokens; /health answers 503 while the server starts or stops, which is no reject.
+HTTP_RESPONSES: Final = "sglang:http_responses_total"
+GENERATION_ENDPOINTS: Final = ("/generate", "/v1/")
+
+
+def _is_refusal(sample: Sample) -> bool:
+    return sample.labels.get("status_code") == "503" and sample.labels.get("endpoint", "").startswith(
+        GENERATION_ENDPOINTS
+    )
+
+
+def _total_only(series: list[Sample]) -> list[Sample]:
+    """With priority scheduling a queue gauge has its total under ``priority=""`` and a series per
+    priority beside it: the total only."""
+    return [s for s in series if not s.labels.get("priority")]
 
 
 def _dp_rank(sample: Sample) -> str:
@@ -39,7 +56,7 @@ def _dp_rank(sample: Sample) -> str:
 class SglangAdapter:
     name = "sglang"
     sample_names = SampleNames(
-        {WAITING, RUNNING, KV, RETRACTIONS, FINISHED, PROMPT_TOKENS, GENERATION_TOKENS}
+        {WAITING, RUNNING, KV, RETRACTIONS, FINISHED, PROMPT_TOKENS, GENERATION_TOKENS, HTTP_RESPONSES}
         | histogram_names(TTFT)
         | histogram_names(QUEUE_TIME)
     )
@@ -49,26 +66,33 @@ class SglangAdapter:
 
     def extract(self, samples: Samples, model: str | None) -> ReplicaSignals:
         flt = SeriesFilter(model, ("model_name", "name"))
-        waiting = gauge_by_group(flt.require(samples, WAITING), _dp_rank, max)
-        running = gauge_by_group(flt.require(samples, RUNNING), _dp_rank, max)
+        waiting = gauge_by_group(_total_only(flt.require(samples, WAITING)), _dp_rank, max)
+        running = gauge_by_group(_total_only(flt.require(samples, RUNNING)), _dp_rank, max)
         kv = gauge_by_group(flt.require(samples, KV), _dp_rank, max)
         engines = assemble_engines(waiting, running, kv, (WAITING, RUNNING, KV), "dp_rank")
         retractions, finished = flt.select(samples, RETRACTIONS), flt.select(samples, FINISHED)
         prompt, generation = flt.select(samples, PROMPT_TOKENS), flt.select(samples, GENERATION_TOKENS)
+        refusals = [s for s in samples.get(HTTP_RESPONSES, ()) if _is_refusal(s)]
+        # the middleware's counter exists from the first response on; a 503 series is created at the first
+        # 503, so none yet with the family present is 0. Without the family (before 0.5) unknown.
+        rejects = counter_sum(refusals) if refusals else (0.0 if HTTP_RESPONSES in samples else None)
+        finished_total = counter_sum(finished)
+        # a refused request is counted as finished too: admitted is what was left once they are taken out
+        admitted = None if finished_total is None else max(0.0, finished_total - (rejects or 0.0))
+        admitted_parts = [("admitted", "finished-less-refused", admitted)] if admitted is not None else []
         return ReplicaSignals.from_engines(
             self.name,
             engines,
             models=tuple(sorted({m for s in samples.get(WAITING, ()) if (m := flt.model_of(s))})),
             preemptions_total=counter_sum(retractions),
-            # SGLang has no admission-reject counter: queue-full 503s are not distinguishable from
-            # client aborts in num_aborted_requests_total, so the reject term stays unavailable.
-            rejects_total=None,
-            admitted_total=counter_sum(finished),
+            rejects_total=rejects,
+            admitted_total=admitted,
             prompt_tokens_total=counter_sum(prompt),
             generation_tokens_total=counter_sum(generation),
             counter_series=(
                 *counter_parts("preemptions", retractions),
-                *counter_parts("admitted", finished),
+                *counter_parts("rejects", refusals),
+                *admitted_parts,
                 *counter_parts("prompt_tokens", prompt),
                 *counter_parts("generation_tokens", generation),
             ),
