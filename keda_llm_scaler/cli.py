@@ -193,9 +193,9 @@ def _report(source: str, s: ReplicaSignals, params: ScoringParams) -> dict[str, 
         "source": source,
         "engine": s.engine,
         "models": list(s.models),
-        # the capacity-waiting where the engine splits its waiting (vLLM 0.30+), beside what it defers
-        "sleeping": None if s.sleep_level is None else s.sleep_level > 0,
+        "sleeping": None if s.sleep_level is None else s.sleep_level > 0,  # None: the engine does not say
         "signals": {
+            # the capacity-waiting where the engine splits its waiting (vLLM 0.30+), beside what it defers
             "waiting": s.waiting,
             "deferred": s.deferred,
             "sleep_level": s.sleep_level,

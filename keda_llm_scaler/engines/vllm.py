@@ -97,9 +97,10 @@ class VllmAdapter:
     def extract(self, samples: Samples, model: str | None) -> ReplicaSignals:
         flt = SeriesFilter(model, ("model_name",))
         waiting = gauge_by_group(flt.require(samples, WAITING), _engine_rank, sum)
-        deferred = _waiting_by_reason(flt.select(samples, WAITING_BY_REASON), "deferred")
+        by_reason = flt.select(samples, WAITING_BY_REASON)
+        deferred = _waiting_by_reason(by_reason, "deferred")
         # per engine, where the engine splits its waiting: the capacity-waiting is the demand
-        waiting.update(_waiting_by_reason(flt.select(samples, WAITING_BY_REASON), "capacity"))
+        waiting.update(_waiting_by_reason(by_reason, "capacity"))
         sleep_levels = _sleep_levels(flt.select(samples, SLEEP_STATE))
         running = gauge_by_group(flt.require(samples, RUNNING), _engine_rank, sum)
         kv: dict[str, float] = {}
