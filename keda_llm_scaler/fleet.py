@@ -17,7 +17,7 @@ from keda_llm_scaler.errors import NoFreshData
 from keda_llm_scaler.policy import Composite, ReplicaInput, ScoringParams, composite
 from keda_llm_scaler.queueing import service_scv
 from keda_llm_scaler.rates import DEFAULT_WINDOW_S, CounterWindow, HistogramWindow, SeriesCounter, SeriesHistogram
-from keda_llm_scaler.signals import Histogram, ReplicaSignals, histogram_quantile
+from keda_llm_scaler.signals import DEDUCTED, Histogram, ReplicaSignals, histogram_quantile
 
 __all__ = [
     "EXPIRED",
@@ -60,6 +60,7 @@ class ReplicaReport:
     reject_rate: float | None
     admitted_rate: float | None
     preemption_rate: float | None
+    fault_rate: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +78,9 @@ class Evaluation:
     kv_usage: float | None = None
     reject_rate: float | None = None
     preemption_rate: float | None = None
+    fault_rate: float | None = None  # answers the engines failed, per second: shown, not scored
     ttft_p95_s: float | None = None
+    itl_p95_s: float | None = None  # the gap between two tokens of a stream, over the rate window
     queue_time_p95_s: float | None = None
 
     def count(self, state: str) -> int:
@@ -94,41 +97,65 @@ class _ReplicaState:
     detail: str = ""
     rejects: CounterWindow = field(init=False)
     admitted: CounterWindow = field(init=False)
+    faults: CounterWindow = field(init=False)
     preemptions: CounterWindow = field(init=False)
     ttft: HistogramWindow = field(init=False)
     queue_time: HistogramWindow = field(init=False)
     hold_time: HistogramWindow = field(init=False)
+    itl: HistogramWindow = field(init=False)
     counters: dict[str, SeriesCounter] = field(default_factory=dict)
     histograms: dict[str, SeriesHistogram] = field(default_factory=dict)
     totals: dict[str, float | None] = field(default_factory=dict)  # this scrape's, resets per series
+    absent: set[str] = field(default_factory=set)  # counters a good scrape did not have
 
     def __post_init__(self) -> None:
         self.rejects = CounterWindow(self.window_s)
         self.admitted = CounterWindow(self.window_s)
+        self.faults = CounterWindow(self.window_s)
         self.preemptions = CounterWindow(self.window_s)
         self.ttft = HistogramWindow(self.window_s)
         self.queue_time = HistogramWindow(self.window_s)
         self.hold_time = HistogramWindow(self.window_s)
+        self.itl = HistogramWindow(self.window_s)
 
     def absorb(self, obs: Observation, now: float) -> None:
         self.reason, self.detail = obs.reason, obs.detail
         s = obs.signals
         if s is None:
             return
-        self.signals, self.last_ok = s, now
+        earlier_ok, self.signals, self.last_ok = self.last_ok, s, now
         for name, window, value in (
             ("rejects", self.rejects, s.rejects_total),
             ("admitted", self.admitted, s.admitted_total),
+            ("faults", self.faults, s.faults_total),
             ("preemptions", self.preemptions, s.preemptions_total),
             ("prompt_tokens", None, s.prompt_tokens_total),
             ("generation_tokens", None, s.generation_tokens_total),
         ):
-            self.totals[name] = None
+            previous, self.totals[name] = self.totals.get(name), None
             if value is None:
+                self.absent.add(name)
                 continue
+            if name in self.absent and earlier_ok is not None and name not in self.counters:
+                # absent from an earlier good scrape, here now: created since, at its first event, so it
+                # counted from zero (vLLM labels its refusals by reason at the first one; Ray never exports a
+                # counter still at 0). Without this its first sighting gives no rate, and a burst of first
+                # rejects would be missed.
+                self.counters[name] = SeriesCounter()
+                self.counters[name].observe({})
+                if window is not None:
+                    window.observe(earlier_ok, 0.0)
+            self.absent.discard(name)
             series = {key: v for counter, key, v in s.counter_series if counter == name}
             if series:  # resets per series: the total only moves up (rates.SeriesCounter)
                 value = self.counters.setdefault(name, SeriesCounter()).observe(series)
+                deducted = {key: v for counter, key, v in s.counter_series if counter == DEDUCTED + name}
+                if deducted or DEDUCTED + name in self.counters:  # (parts gone since: still taken out)
+                    value -= self.counters.setdefault(DEDUCTED + name, SeriesCounter()).observe(deducted)
+                    # the parts are counted at different moments (SGLang counts a refused request finished
+                    # before its 503 is counted): a difference that dips would read as a reset, and a reset
+                    # as the whole count arriving at once. Held at its high mark, it only lags by the few.
+                    value = max(value, previous if previous is not None else -math.inf)
             self.totals[name] = value
             if window is not None:
                 window.observe(now, value)
@@ -140,6 +167,7 @@ class _ReplicaState:
             ("ttft", self.ttft, s.ttft, s.ttft_series, "ttft"),
             ("queue_time", self.queue_time, s.queue_time, s.queue_time_series, "queue"),
             ("hold_time", self.hold_time, s.hold_time, s.hold_time_series, None),
+            ("itl", self.itl, s.itl, s.itl_series, None),
         ):
             if hseries:  # resets per series: one engine restarting keeps the pod's reading
                 hist = self.histograms.setdefault(name, SeriesHistogram()).observe(dict(hseries))
@@ -181,6 +209,7 @@ class _ReplicaState:
             reject_rate=self.rejects.rate(),
             admitted_rate=self.admitted.rate(),
             preemption_rate=self.preemptions.rate(),
+            fault_rate=self.faults.rate(),
         )
 
 
@@ -195,6 +224,7 @@ def _policy_input(r: ReplicaReport) -> ReplicaInput:
         expired=r.state == EXPIRED,
         kv_usage_max=s.kv_usage_max if s else None,
         engines=tuple((e.waiting, e.running) for e in s.engines) if s and len(s.engines) > 1 else (),
+        asleep=bool(s and s.sleep_level),
     )
 
 
@@ -294,6 +324,7 @@ class FleetState:
         live = [r for r in reports if r.state != EXPIRED and r.signals is not None]
         ttft = [d for r in live if (d := self._replicas[r.url].ttft.delta()) is not None]
         queue = [d for r in live if (d := self._replicas[r.url].queue_time.delta()) is not None]
+        itl = [d for r in live if (d := self._replicas[r.url].itl.delta()) is not None]
         p = params or self.params
         windows = None if params is None else demand_config(params)
         demand: DemandEstimate | None = self.demand.estimate(now, p.replica_capacity, p.startup_s, windows)
@@ -317,6 +348,8 @@ class FleetState:
             kv_usage=(math.fsum(r.signals.kv_usage for r in live if r.signals) / len(live)) if live else None,
             reject_rate=_sum_known(r.reject_rate for r in live),
             preemption_rate=_sum_known(r.preemption_rate for r in live),
+            fault_rate=_sum_known(r.fault_rate for r in live),
             ttft_p95_s=_quantile(0.95, ttft_merged),
             queue_time_p95_s=_quantile(0.95, Histogram.merge(queue)),
+            itl_p95_s=_quantile(0.95, Histogram.merge(itl)),
         )

@@ -88,6 +88,8 @@ MAX_REJECT_TERM: Final = 1.0  # per replica and decision; the HPA doubles at mos
 SLO_HOLD_SHARE: Final = 0.8  # TTFT above this share of the SLO: no scale-down
 SLO_BREACH_FACTOR: Final = 1.25  # TTFT above the SLO: at least a quarter more (and one more) replicas
 MAX_BACKLOG_TERM: Final = 1.0  # per replica, with or without a capacity: see ``backlog_replicas``
+# a need this far past the awake replicas asks to wake none: rounding, not a replica's worth of work
+WAKE_TOLERANCE: Final = 0.05
 MAX_COMPOSITE: Final = 100_000.0  # replica-equivalents; past any fleet, and inside KEDA's int64 metricValue
 
 
@@ -123,6 +125,9 @@ class ReplicaInput:
     expired: bool = False
     kv_usage_max: float | None = None  # the fullest data-parallel engine (None: one engine)
     engines: tuple[tuple[float, float], ...] = ()  # (waiting, running) per engine, when more than one
+    # asleep (vLLM's sleep mode, weights offloaded or discarded): a member that serves nothing until it is
+    # woken; neither capacity nor an idle replica (see ``composite``)
+    asleep: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +154,8 @@ class Composite:
     rate: float | None = None  # replicas the offered load asks for (None: no usable capacity or load)
     slo_floor: float | None = None  # the TTFT guardrail's floor, when it applies
     demand: DemandEstimate | None = None
+    asleep: int = 0  # members asleep, not in ``replicas``
+    wake: int = 0  # of them, how many the need asks to wake (before it asks for new replicas)
 
     def active(self, activation_threshold: float) -> bool:
         return self.value > activation_threshold
@@ -273,10 +280,17 @@ def composite(
     ``demand``: the fleet's offered load (``keda_llm_scaler.demand``); ``ttft_quantile_s``: the fleet's TTFT at
     ``p.ttft_slo_quantile`` over the rate window, for the SLO guardrail.
     """
+    # A replica asleep serves nothing and says nothing about the load: it is left out of the scores, so the
+    # fleet's readings (its size for the reject floor, the SLO floor and the rate's cap) are the awake
+    # replicas'. It is still a member the HPA counts, so a need beyond the awake replicas is first theirs
+    # to cover once woken: the composite asks for new replicas only beyond them, and says how many to wake.
+    asleep = sum(1 for r in replicas if r.asleep and not r.expired)
+    replicas = [r for r in replicas if not r.asleep or r.expired]
     if not replicas:
         # Nothing ready: zero, unless replicas are starting (then hold them: no data says otherwise).
         value = float(incoming)
-        return Composite(value, 0, 0, 0.0, 0.0, 0.0, value, "assumed" if incoming else "idle", pressure=value)
+        reason = "assumed" if incoming else "idle"
+        return Composite(value, 0, 0, 0.0, 0.0, 0.0, value, reason, pressure=value, asleep=asleep)
     expired = sum(1 for r in replicas if r.expired)
     if expired == len(replicas):
         raise NoFreshData(f"no fresh data from any of {len(replicas)} replicas")
@@ -330,8 +344,9 @@ def composite(
         dominant = "rate"
     else:
         dominant = max(terms, key=lambda k: terms[k])
+    value = round(min(total, MAX_COMPOSITE), 3)
     return Composite(
-        value=round(min(total, MAX_COMPOSITE), 3),
+        value=value,
         replicas=len(scores),
         expired=expired,
         load=terms["load"],
@@ -343,4 +358,6 @@ def composite(
         rate=rate,
         slo_floor=floor,
         demand=demand,
+        asleep=asleep,
+        wake=min(asleep, max(0, math.ceil(value - len(scores) - WAKE_TOLERANCE))),
     )

@@ -87,6 +87,8 @@ _SERIES: Final = SampleNames(
         "target_up",
         "waiting_requests",
         "deferred_requests",
+        "asleep_replicas",
+        "wake_replicas",
         "running_requests",
         "kv_usage_ratio",
     )
@@ -580,6 +582,8 @@ def explain(text: str, namespace: str, name: str, target_id: str | None) -> dict
         "replicas": {labels.get("state", ""): int(value) for labels, value in series("replicas")},
         "waiting_requests": one("waiting_requests"),
         "deferred_requests": one("deferred_requests"),
+        "asleep_replicas": one("asleep_replicas"),
+        "wake_replicas": one("wake_replicas"),
         "running_requests": one("running_requests"),
         "kv_usage_ratio": one("kv_usage_ratio"),
     }
@@ -688,6 +692,11 @@ def _print_explanation(e: dict[str, Any]) -> None:
         print(
             f"  deferred {_num(e['deferred_requests'])}: waiting on LoRA, a KV transfer or a blocked status, "
             "not counted as demand"
+        )
+    if e.get("asleep_replicas"):
+        print(
+            f"  asleep {_num(e['asleep_replicas'])} (not capacity until woken): the need asks to wake "
+            f"{_num(e.get('wake_replicas'))} of them before any new replica"
         )
 
 

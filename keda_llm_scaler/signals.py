@@ -6,7 +6,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["EngineSignals", "Histogram", "ReplicaSignals", "histogram_quantile"]
+__all__ = ["DEDUCTED", "EngineSignals", "Histogram", "ReplicaSignals", "histogram_quantile"]
+
+# A counter that an engine does not export whole is a difference of counters it does (SGLang's admitted: the
+# finished, less the refused and the aborted). Its parts are ``counter_series`` entries; the ones to take out
+# are named DEDUCTED + the counter's name.
+DEDUCTED = "-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,20 +118,26 @@ class ReplicaSignals:
     sleep_level: int | None = None
     preemptions_total: float | None = None
     rejects_total: float | None = None
-    admitted_total: float | None = None
+    admitted_total: float | None = None  # served to the end: neither refused, aborted nor errored
+    # Answers the engine failed (5xx other than its admission refusals, requests finished in error): no
+    # demand (more replicas do not fix them) and no admission, but an SRE wants to see them.
+    faults_total: float | None = None
     prompt_tokens_total: float | None = None  # prompt tokens of the requests it took in
     generation_tokens_total: float | None = None
     ttft: Histogram | None = None
     queue_time: Histogram | None = None
     hold_time: Histogram | None = None  # how long requests held a batch slot (vLLM only)
+    itl: Histogram | None = None  # the gap between two tokens of one stream (inter-token latency)
     # The counters' series, (counter, series key, value), counter one of "preemptions", "rejects",
-    # "admitted", "prompt_tokens", "generation_tokens": resets are detected per series (one data-parallel
-    # engine restarting resets only its own), not on the pod's sum (``keda_llm_scaler.rates.SeriesCounter``).
+    # "admitted", "faults", "prompt_tokens", "generation_tokens", or one of them prefixed with DEDUCTED
+    # (series taken out of it): resets are detected per series (one data-parallel engine restarting resets
+    # only its own), not on the pod's sum (``keda_llm_scaler.rates.SeriesCounter``).
     counter_series: tuple[tuple[str, str, float], ...] = ()
     # Each series of the histograms, (series key, histogram), for the same reason.
     ttft_series: tuple[tuple[str, Histogram], ...] = ()
     queue_time_series: tuple[tuple[str, Histogram], ...] = ()
     hold_time_series: tuple[tuple[str, Histogram], ...] = ()
+    itl_series: tuple[tuple[str, Histogram], ...] = ()
 
     @classmethod
     def from_engines(cls, engine: str, engines: Sequence[EngineSignals], **extra: object) -> ReplicaSignals:

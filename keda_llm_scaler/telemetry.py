@@ -69,8 +69,21 @@ class _TargetCollector(Collector):
         kv = family("kv_usage_ratio", "Mean KV-cache usage (0-1) over replicas with data")
         rejects = family("rejects_per_second", "Admission rejects per second, fleet total")
         preempt = family("preemptions_per_second", "Preemptions per second, fleet total")
+        faults = family(
+            "engine_faults_per_second",
+            "Answers the engines failed per second (5xx other than admission refusals, requests finished in "
+            "error), fleet total; not in the composite",
+        )
         ttft = family("ttft_p95_seconds", "p95 time to first token over the rate window")
         qtime = family("queue_time_p95_seconds", "p95 time spent waiting over the rate window")
+        asleep = family("asleep_replicas", "Replicas asleep (vLLM sleep mode): members that serve nothing until woken")
+        wake = family(
+            "wake_replicas",
+            "Of the replicas asleep, how many the need asks to wake: new replicas are asked for only beyond them",
+        )
+        itl = family(
+            "itl_p95_seconds", "p95 gap between two tokens of a stream (inter-token latency) over the rate window"
+        )
         replicas = family(
             "replicas", "Replicas by state: fresh, stale, expired (scraped), starting (not ready)", ("state",)
         )
@@ -136,6 +149,8 @@ class _TargetCollector(Collector):
                     if maybe_term is not None:
                         term.add_metric([*labels, name], maybe_term)
                 reason.add_metric([*labels, c.dominant], 1.0)
+                asleep.add_metric(labels, c.asleep)
+                wake.add_metric(labels, c.wake)
                 d = c.demand
                 if d is not None:
                     offered.add_metric(labels, d.offered_rps)
@@ -153,8 +168,10 @@ class _TargetCollector(Collector):
                 (kv, ev.kv_usage),
                 (rejects, ev.reject_rate),
                 (preempt, ev.preemption_rate),
+                (faults, ev.fault_rate),
                 (ttft, ev.ttft_p95_s),
                 (qtime, ev.queue_time_p95_s),
+                (itl, ev.itl_p95_s),
             ]
             for fam, maybe in optional:
                 if maybe is not None:
@@ -171,8 +188,12 @@ class _TargetCollector(Collector):
             kv,
             rejects,
             preempt,
+            faults,
             ttft,
             qtime,
+            itl,
+            asleep,
+            wake,
             offered,
             planned,
             spread,

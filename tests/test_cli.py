@@ -75,6 +75,27 @@ def test_inspect_file_json_with_data_parallel_engines() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("fixture", "sleeping", "faults"),
+    [
+        ("vllm_v0.34.0_sleeping-level2.txt", True, 0),
+        ("ray-serve_v2.60.0-vllm_v0.34.0_capacity-and-deferred.txt", False, 2),
+        ("sglang_v0.5.23_aborts-and-500s.txt", None, 3),
+    ],
+)
+def test_inspect_json_says_asleep_faults_tokens_and_inter_token_latency(
+    fixture: str, sleeping: bool | None, faults: float
+) -> None:
+    out = run("inspect", str(METRICS / fixture), "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    sig = report["signals"]
+    assert report["sleeping"] is sleeping  # SGLang does not say: null, never "awake"
+    assert sig["faults_total"] == faults
+    assert sig["prompt_tokens_total"] > 0 and sig["generation_tokens_total"] > 0
+    assert 0.0 < sig["itl_p95_s_since_start"] < 1.0
+
+
 def test_inspect_url_and_stdin() -> None:
     with replicas(sglang([EngineLoad(4, 9, 0.5), EngineLoad(1, 2, 0.1)])) as (r,):
         for target in (r.url, r.url + "/metrics"):

@@ -295,3 +295,103 @@ def test_sglang_0523_priority_queues_read_their_total_once() -> None:
 def test_sglang_before_the_http_counter_has_no_reject_reading() -> None:
     r = read_replica(fixture_text("sglang_v0.4.x_docs-production-metrics-md.txt"))
     assert r.rejects_total is None
+
+
+# Exported by Ray 2.60.0's metrics agent from vLLM 0.34.0's RayPrometheusStatLogger (scripts/make_fixtures):
+# every name is `ray_vllm_…`, every series carries Ray's labels, and counters still at 0 are absent.
+RAY_FIXTURES = {
+    "capacity-and-deferred": ([(7, 5, 0.42)], 2, 0),
+    "dp2-deferred": ([(1, 4, 0.61), (0, 2, 0.18)], 3, 0),
+    "sleeping-level1": ([(0, 0, 0.0)], 0, 1),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(RAY_FIXTURES))
+def test_vllm_under_ray_260_reads_as_vllm_with_its_engines(scenario: str) -> None:
+    text = fixture_text(f"ray-serve_v2.60.0-vllm_v0.34.0_{scenario}.txt")
+    assert "exported by Ray 2.60.0's metrics agent" in text.splitlines()[0]
+    assert not [ln for ln in text.splitlines() if ln.startswith("vllm:")]  # Ray's names only
+    engines, deferred, sleep_level = RAY_FIXTURES[scenario]
+    r = read_replica(text)
+    assert r.engine == "vllm" and r.models == ("tiny-llama",)
+    # each engine is the Ray worker's engine: <WorkerId>/<engine index>
+    assert [(e.waiting, e.running, e.kv_usage) for e in r.engines] == engines
+    assert all(e.rank.endswith(f"/{i}") and len(e.rank) > 40 for i, e in enumerate(r.engines))
+    assert (r.deferred, r.sleep_level) == (deferred, sleep_level)
+    assert read_replica(text, "vllm").waiting == r.waiting
+
+
+def test_under_ray_counters_never_incremented_are_absent_and_read_as_unknown() -> None:
+    r = read_replica(fixture_text("ray-serve_v2.60.0-vllm_v0.34.0_capacity-and-deferred.txt"))
+    assert r.rejects_total == 3 and r.admitted_total == 36 and r.faults_total == 2
+    assert r.preemptions_total is None  # vLLM's num_preemptions is at 0: Ray does not export it
+    r = read_replica(fixture_text("ray-serve_v2.60.0-vllm_v0.34.0_sleeping-level1.txt"))
+    assert r.rejects_total is None  # no refusal yet, and no HTTP family under Ray: unknown, not 0
+
+
+def test_two_ray_replicas_on_one_node_are_each_their_own_engines() -> None:
+    """One Ray node's export holds every replica on the node, each engine "0" of its own worker."""
+    text = fixture_text("ray-serve_v2.60.0-vllm_v0.34.0_capacity-and-deferred.txt")
+    worker = text.split('WorkerId="', 1)[1].split('"', 1)[0]
+    second = "".join(
+        ln.replace(worker, "f" * len(worker)) + "\n"
+        for ln in text.splitlines()
+        if ln.startswith(("ray_vllm_num_requests_", "ray_vllm_kv_cache_usage_perc"))
+    )
+    r = read_replica(text + second)
+    assert len(r.engines) == 2 and (r.waiting, r.deferred, r.running) == (14, 4, 10)
+
+
+def test_vllm_034_aborted_and_errored_requests_are_not_admitted() -> None:
+    """40 finished: 28 length + 8 stop served, 2 aborted by their clients, 2 in error (answered 500)."""
+    r = read_replica(fixture_text("vllm_v0.34.0_capacity-and-deferred.txt"))
+    assert r.admitted_total == 36
+    assert r.faults_total == 2  # the errored; no HTTP family in the logger's payload
+    assert r.rejects_total == 3
+
+
+_HTTP = 'http_requests_total{{handler="/v1/chat/completions",method="POST",status="{status}"}} {n}\n'
+
+
+def test_vllm_5xx_beside_the_admission_counter_are_faults() -> None:
+    text = fixture_text("vllm_v0.34.0_capacity-and-deferred.txt")
+    # 3 refusals (503) and 4 other 5xx: 2 errored requests, 2 from an engine that failed outright
+    r = read_replica(text + _HTTP.format(status="2xx", n=36) + _HTTP.format(status="5xx", n=7))
+    assert (r.rejects_total, r.faults_total, r.admitted_total) == (3, 4, 36)
+    assert {c for c, _, _ in r.counter_series} >= {"faults", "-faults", "rejects"}
+
+
+def test_vllm_5xx_without_the_admission_counter_are_refusals_less_the_errored() -> None:
+    text = "\n".join(
+        ln for ln in fixture_text("vllm_v0.34.0_capacity-and-deferred.txt").splitlines() if "admission" not in ln
+    )
+    r = read_replica(text + "\n" + _HTTP.format(status="5xx", n=7))
+    assert (r.rejects_total, r.faults_total) == (5, 2)  # 7 answered 5xx, 2 of them errored requests
+
+
+def test_sglang_0523_aborted_and_failed_requests_are_not_admitted_and_500s_are_faults() -> None:
+    text = fixture_text("sglang_v0.5.23_aborts-and-500s.txt")
+    assert "made by SGLang 0.5.23's" in text.splitlines()[0]
+    r = read_replica(text)
+    # num_requests_total 40: 30 served, 2 refused (503), 3 failed (500), 5 aborted by their clients
+    assert (r.rejects_total, r.faults_total, r.admitted_total) == (2, 3, 30)
+    assert r.itl is not None and r.itl.count > 0
+
+
+@pytest.mark.parametrize(
+    "fixture",
+    ["vllm_v0.34.0_capacity-and-deferred.txt", "ray-serve_v2.60.0-vllm_v0.34.0_capacity-and-deferred.txt"],
+)
+def test_inter_token_latency_and_token_counters_are_read(fixture: str) -> None:
+    r = read_replica(fixture_text(fixture))
+    assert r.itl is not None and r.itl.count == 4 * 40  # four gaps per request, as the stats gave
+    assert (r.prompt_tokens_total, r.generation_tokens_total) == (256 * 40, 64 * 40)
+
+
+def test_the_old_inter_token_name_is_read_and_never_added_to_the_new() -> None:
+    new = fixture_text("vllm_v0.34.0_capacity-and-deferred.txt")
+    old = new.replace("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+    both = new + "\n".join(
+        ln for ln in old.splitlines() if "time_per_output_token_seconds" in ln and "request_" not in ln
+    )
+    assert read_replica(old).itl == read_replica(new).itl == read_replica(both).itl

@@ -165,3 +165,80 @@ def test_one_data_parallel_engine_restarting_is_not_a_burst_of_rejects() -> None
     fleet.update(6.0, [Observation("pod", payload(1007.5, 2.5))])
     rate = fleet.evaluate(6.0).replicas[0].reject_rate
     assert rate is not None and rate == pytest.approx(((2.5 + 2.5) + 2.5 + (2.5 + 2.5)) / 6.0)
+
+
+def _sglang_pod(finished: float, refused: float, aborted: float = 0.0) -> ReplicaSignals:
+    """An SGLang 0.5 pod: its admitted count is its finished, less its 503s and its client aborts."""
+    from keda_llm_scaler.engines import read_replica
+
+    return read_replica(
+        "sglang:num_queue_reqs 0\nsglang:num_running_reqs 8\nsglang:token_usage 0.4\n"
+        f'sglang:num_requests_total{{model_name="m"}} {finished}\n'
+        f'sglang:num_aborted_requests_total{{model_name="m"}} {aborted}\n'
+        f'sglang:http_responses_total{{endpoint="/generate",method="POST",status_code="503"}} {refused}\n'
+    )
+
+
+def test_a_counter_made_of_others_that_dips_is_no_burst() -> None:
+    """SGLang counts a refused request finished before its 503 is counted: scraped in between, finished
+    less refused is one too high, then one lower. Read as a reset, that dip was the whole count arriving
+    at once (10 000 admitted in 2 s); it is held at its high mark instead."""
+    fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=2.0)
+    for t, finished, refused in ((0.0, 10_000, 100), (2.0, 10_021, 100), (4.0, 10_021, 101), (6.0, 10_060, 101)):
+        fleet.update(t, [Observation("pod", _sglang_pod(finished, refused))])
+    report = fleet.evaluate(6.0).replicas[0]
+    assert report.admitted_rate == pytest.approx((10_060 - 101 - (10_000 - 100)) / 6.0)
+    assert report.reject_rate == pytest.approx(1 / 6.0)
+
+
+def test_parts_taken_out_of_a_counter_stay_out_when_they_vanish() -> None:
+    fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=2.0)
+    fleet.update(0.0, [Observation("pod", _sglang_pod(1000, 50, 30))])
+    fleet.update(2.0, [Observation("pod", _sglang_pod(1020, 50, 30))])
+    gone = _sglang_pod(1040, 50, 30)  # the refusals' and aborts' series gone from the payload
+    gone = ReplicaSignals.from_engines(
+        "sglang",
+        gone.engines,
+        admitted_total=gone.admitted_total,
+        counter_series=tuple(p for p in gone.counter_series if p[0] == "admitted"),
+    )
+    fleet.update(4.0, [Observation("pod", gone)])
+    assert fleet.evaluate(4.0).replicas[0].admitted_rate == pytest.approx(40 / 4.0)  # not 40 + 80 at once
+
+
+def test_a_counter_first_seen_after_a_good_scrape_counted_from_zero() -> None:
+    """vLLM labels its refusals by reason at the first one, and Ray never exports a counter still at 0:
+    absent from a good scrape, then 12, is 12 refusals since that scrape, not a first sighting without a
+    rate."""
+    from keda_llm_scaler.engines import read_replica
+
+    base = "vllm:num_requests_waiting 3\nvllm:num_requests_running 8\nvllm:kv_cache_usage_perc 0.9\n"
+    first = read_replica(base)
+    later = read_replica(base + 'vllm:admission_rejections_total{model_name="m",reason="max_num_queued_reqs"} 12\n')
+    assert first.rejects_total is None and later.rejects_total == 12
+    fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=2.0)
+    fleet.update(0.0, [Observation("pod", first)])
+    fleet.update(2.0, [Observation("pod", later)])
+    assert fleet.evaluate(2.0).replicas[0].reject_rate == pytest.approx(12 / 2.0)
+    # on a pod's first scrape the same reading says nothing about now: no rate
+    fresh = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=2.0)
+    fresh.update(0.0, [Observation("pod", later)])
+    assert fresh.evaluate(0.0).replicas[0].reject_rate is None
+
+
+def test_engine_faults_and_inter_token_latency_reach_the_evaluation() -> None:
+    from keda_llm_scaler.engines import read_replica
+    from tests.conftest import fixture_text
+
+    text = fixture_text("sglang_v0.5.23_aborts-and-500s.txt")
+    fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=2.0)
+    fleet.update(0.0, [Observation("pod", read_replica(text))])
+    later = text.replace('status_code="500"} 3.0', 'status_code="500"} 9.0')
+    itl_twice = "\n".join(  # every inter-token observation made once more: the window sees the same spread
+        ln.rsplit(" ", 1)[0] + f" {2 * float(ln.rsplit(' ', 1)[1])}" if ln.startswith("sglang:inter_token") else ln
+        for ln in later.splitlines()
+    )
+    fleet.update(2.0, [Observation("pod", read_replica(itl_twice))])
+    ev = fleet.evaluate(2.0)
+    assert ev.fault_rate == pytest.approx(6 / 2.0)
+    assert ev.itl_p95_s is not None and 0.0 < ev.itl_p95_s < 1.0

@@ -97,7 +97,7 @@ def _rules_file(tmp_path: Path) -> Path:
 def test_promtool_checks_the_rendered_alert_rules(promtool: str, tmp_path: Path) -> None:
     out = subprocess.run([promtool, "check", "rules", str(_rules_file(tmp_path))], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 6 rules found" in out.stdout
+    assert "SUCCESS: 7 rules found" in out.stdout
 
 
 def test_promtool_unit_tests_the_alerts(promtool: str, tmp_path: Path) -> None:
@@ -115,6 +115,8 @@ tests:
         values: '0 0.5x15'
       - series: 'llm_scaler_ttft_p95_seconds{labels}'
         values: '0.3x15'
+      - series: 'llm_scaler_wake_replicas{labels}'
+        values: '0 0 2x10 0x5'
       - series: 'llm_scaler_build_info{{version="0.2.0"}}'
         values: '1x15'
       - series: 'llm_scaler_composite{labels}'
@@ -136,6 +138,16 @@ tests:
             exp_annotations:
               summary: "serving/llm rejects 500m requests/s"
               description: "Admission control (HTTP 503) has been turning requests away for 10 minutes; users see errors."
+      - eval_time: 8m
+        alertname: LLMScalerWakeRequested
+        exp_alerts:
+          - exp_labels: {{severity: warning, namespace: serving, scaledobject: llm, target: abcd1234}}
+            exp_annotations:
+              summary: "serving/llm needs 2 of its replicas asleep woken"
+              description: "The need exceeds the awake replicas, and replicas asleep (vLLM sleep mode) that would cover it have not been woken for 5 minutes; no new replica is asked for while they could. Wake them (POST /wake_up) or check what puts them to sleep."
+      - eval_time: 15m
+        alertname: LLMScalerWakeRequested
+        exp_alerts: []
       - eval_time: 12m
         alertname: LLMScalerTtftSloBreach
         exp_alerts: []

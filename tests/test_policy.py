@@ -252,3 +252,30 @@ def test_a_successor_planned_demand_at_n_capacities_reads_n() -> None:
         quiet = [ReplicaInput(waiting=0, running=10, kv_usage=0.05) for _ in range(n)]
         c = composite(quiet, ScoringParams(target_utilization=0.9), demand=_estimate(n * 12.0 * 0.9, 12.0))
         assert c.value == pytest.approx(n) and c.dominant == "rate"
+
+
+def test_replicas_asleep_are_woken_before_new_ones_are_asked_for() -> None:
+    """Two awake replicas rejecting and two asleep (vLLM sleep mode, 0 waiting and 0 running): read as idle
+    replicas, the asleep ones made the fleet look four strong and the reject floor asked for a fifth. Left
+    out of the scores, the need is the awake two's plus their rejects, within the four: no new replica,
+    one to wake."""
+    busy = ReplicaInput(waiting=8, running=30, kv_usage=0.95, reject_rate=1.0, admitted_rate=10.0)
+    asleep = ReplicaInput(waiting=0, running=0, kv_usage=0.0, reject_rate=0.0, admitted_rate=0.0, asleep=True)
+    c = composite([busy, busy, asleep, asleep], P)
+    assert (c.replicas, c.asleep) == (2, 2)
+    assert 2 < c.value <= 4 and c.wake == math.ceil(c.value - 2)
+    read_as_idle = dataclasses.replace(asleep, asleep=False)
+    assert composite([busy, busy, read_as_idle, read_as_idle], P).value > 4  # before: a fifth replica
+    # beyond the asleep ones, new replicas: the need counts every member the HPA counts
+    heavy = dataclasses.replace(busy, reject_rate=20.0)
+    c = composite([heavy, heavy, asleep], P)
+    assert c.value > 3 and c.wake == 1
+
+
+def test_a_fleet_all_asleep_without_demand_is_idle_and_asks_to_wake_none() -> None:
+    asleep = ReplicaInput(waiting=0, running=0, kv_usage=0.0, reject_rate=0.0, admitted_rate=0.0, asleep=True)
+    c = composite([asleep, asleep], P)
+    assert (c.value, c.dominant, c.asleep, c.wake) == (0.0, "idle", 2, 0)
+    # an expired replica's last reading said asleep: it counts at target for lack of data, as any expired one
+    c = composite([dataclasses.replace(asleep, expired=True), ReplicaInput(waiting=0, running=4, kv_usage=0.4)], P)
+    assert c.asleep == 0 and c.replicas == 2

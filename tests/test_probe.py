@@ -151,6 +151,7 @@ def test_json_output(setup: Setup) -> None:
     assert e["replicas"]["fresh"] == 1 and e["target_up"] == 1.0
     assert e["waiting_requests"] == 6 and e["running_requests"] == 8
     assert e["deferred_requests"] is None  # this engine does not split its waiting: unknown, not 0
+    assert (e["asleep_replicas"], e["wake_replicas"]) == (0, 0)
     # the series are this metadata's target's: the id the scaler gives it, computed from the same metadata
     meta = report["scaledObject"]["scalerMetadata"]
     assert e["target"] == parse_trigger("serving", "llm", meta).target_id and e["target_matches_metadata"]

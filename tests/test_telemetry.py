@@ -165,3 +165,47 @@ async def test_deferred_requests_are_exported_apart_and_kept_out_of_the_queue() 
     assert values("llm_scaler_composite_term", "new", term="queue") == [0.2]
     assert values("llm_scaler_waiting_requests", "old") == [3.0]
     assert values("llm_scaler_deferred_requests", "old") == []
+
+
+async def test_engine_faults_are_exported_as_a_rate_once_two_scrapes_are_in() -> None:
+    """An SGLang 0.5.23 replica (its own collectors' payload) with 3 answers failed with a 500, unchanged
+    between scrapes: the fault rate is known, and it is 0."""
+    from tests.conftest import fixture_text
+
+    with replicas(fixture_text("sglang_v0.5.23_aborts-and-500s.txt")) as (sg,):
+        async with running_scaler() as server, channel_to(server) as ch:
+            await KedaEmulator(ch, "sg", "serving", {"endpoints": sg.url, **FAST}).poll()
+            deadline = time.monotonic() + 20.0  # a budget for a busy machine
+            while True:
+                m = await asyncio.to_thread(scrape, server.metrics_port)
+                faults = [
+                    v for lab, v in m.get("llm_scaler_engine_faults_per_second", []) if lab["scaledobject"] == "sg"
+                ]
+                if faults or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.3)
+    assert faults == [0.0]
+
+
+async def test_replicas_asleep_are_exported_with_how_many_the_need_asks_to_wake() -> None:
+    """One vLLM 0.34 replica awake with 7 waiting for capacity beside its batch of 5, two asleep (their
+    own exporter's payloads): the awake one's need is past one replica, and one of the asleep is asked to
+    wake; they are not scored as idle capacity."""
+    from tests.conftest import fixture_text
+
+    awake, asleep = (
+        fixture_text("vllm_v0.34.0_capacity-and-deferred.txt"),
+        fixture_text("vllm_v0.34.0_sleeping-level1.txt"),
+    )
+    with replicas(awake, asleep, asleep) as fleet:
+        async with running_scaler() as server, channel_to(server) as ch:
+            keda = KedaEmulator(ch, "sl", "serving", {"endpoints": ",".join(r.url for r in fleet), **FAST})
+            await keda.poll()
+            m = await asyncio.to_thread(scrape, server.metrics_port)
+
+    def one(name: str) -> float:
+        (v,) = [v for lab, v in m.get(name, []) if lab["scaledobject"] == "sl"]
+        return v
+
+    assert one("llm_scaler_asleep_replicas") == 2.0
+    assert 1.0 < one("llm_scaler_composite") <= 2.0 and one("llm_scaler_wake_replicas") == 1.0

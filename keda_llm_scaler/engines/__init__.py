@@ -16,10 +16,13 @@ __all__ = ["ADAPTERS", "ENGINE_CHOICES", "EngineAdapter", "read_replica", "sampl
 ADAPTERS: Final[dict[str, EngineAdapter]] = {"vllm": VllmAdapter(), "sglang": SglangAdapter()}
 ENGINE_CHOICES: Final = ("auto", *ADAPTERS)
 
-# Spellings of the same families seen in the field: vLLM under Ray Serve LLM prefixes every family with
-# `ray_vllm:` (and adds Ray's labels); some SGLang builds and gateways re-export `sglang:` as `sglang_`
-# (Prometheus names without a colon). They are read as the engine's own names.
-ALIASES: Final = (("ray_vllm:", "vllm:"), ("sglang_", "sglang:"))
+# Spellings of the same families seen in the field, read as the engine's own names:
+# - vLLM under Ray Serve LLM records through Ray, whose exporter names every family `ray_` + the vLLM name
+#   with each character outside [A-Za-z0-9_] turned into `_` (Ray 2.4x+: `ray_vllm_num_requests_waiting`;
+#   counters keep the `_total` Ray adds) and adds Ray's labels (WorkerId, ReplicaId, SessionName …);
+#   Ray 2.3x kept the colon (`ray_vllm:`);
+# - some SGLang builds and gateways re-export `sglang:` as `sglang_` (Prometheus names without a colon).
+ALIASES: Final = (("ray_vllm:", "vllm:"), ("ray_vllm_", "vllm:"), ("sglang_", "sglang:"))
 
 
 def _with_aliases(names: SampleNames) -> SampleNames:

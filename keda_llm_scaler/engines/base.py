@@ -22,6 +22,7 @@ __all__ = [
     "histogram_names",
     "histogram_series",
     "histograms",
+    "present_family",
 ]
 
 Samples = Mapping[str, Sequence[Sample]]
@@ -172,6 +173,12 @@ def histograms(samples: Samples, families: Mapping[str, str], keep: Callable[[Sa
         fields[field_name] = Histogram.merge(list(series.values()))
         fields[f"{field_name}_series"] = tuple(sorted(series.items()))
     return fields
+
+
+def present_family(samples: Samples, names: Sequence[str]) -> str:
+    """The first of a histogram's names across versions that the payload has (the first if none): a
+    release that emits the old and the new name side by side gives the same observations twice."""
+    return next((n for n in names if f"{n}_bucket" in samples), names[0])
 
 
 def _series_key(labels: Mapping[str, str], skip: str = "") -> str:

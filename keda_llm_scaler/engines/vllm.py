@@ -14,10 +14,11 @@ from keda_llm_scaler.engines.base import (
     gauge_by_group,
     histogram_names,
     histograms,
+    present_family,
 )
 from keda_llm_scaler.errors import MissingSignal
 from keda_llm_scaler.promtext import Sample, SampleNames
-from keda_llm_scaler.signals import ReplicaSignals
+from keda_llm_scaler.signals import DEDUCTED, ReplicaSignals
 
 __all__ = ["VllmAdapter"]
 
@@ -37,8 +38,13 @@ PREEMPTIONS: Final = "vllm:num_preemptions_total"
 ADMISSION_REJECTIONS: Final = "vllm:admission_rejections_total"
 # Until then admission 503s show only as grouped HTTP status (prometheus-fastapi-instrumentator).
 HTTP_REQUESTS: Final = "http_requests_total"
+# Every finished request, by finished_reason: "abort" (the client went away) and "error" (a request-level
+# failure, answered 500) are no served work; "stop", "length", "repetition" are.
 SUCCESS: Final = "vllm:request_success_total"
+UNSERVED_REASONS: Final = frozenset({"abort", "error"})
 TTFT: Final = "vllm:time_to_first_token_seconds"
+# The gap between two tokens of a stream; the old name (deprecated 0.10.2, then hidden) until then.
+ITL_NAMES: Final = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
 GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
 QUEUE_TIME: Final = "vllm:request_queue_time_seconds"
@@ -48,9 +54,12 @@ HOLD_TIME: Final = "vllm:request_inference_time_seconds"
 
 
 def _engine_rank(sample: Sample) -> str:
-    # V1 labels every engine series with its data-parallel index; V0 and early V1 have one engine; under
-    # Ray Serve each engine is a Ray worker (WorkerId).
-    return sample.labels.get("engine") or sample.labels.get("WorkerId") or "0"
+    # V1 labels every engine series with its data-parallel index; V0 and early V1 have one engine. Under Ray
+    # every series also carries the Ray worker that recorded it, and one Ray node's export holds every
+    # replica on the node: each replica's engines are its own.
+    engine = sample.labels.get("engine") or "0"
+    worker = sample.labels.get("WorkerId")
+    return f"{worker}/{engine}" if worker else engine
 
 
 def _waiting_by_reason(series: list[Sample], reason: str) -> dict[str, float]:
@@ -81,6 +90,33 @@ def _is_generation_handler(sample: Sample) -> bool:
     return sample.labels.get("handler", "").startswith("/v1/")
 
 
+def _rejects_and_faults(
+    samples: Samples, admission: list[Sample], errored: list[Sample]
+) -> tuple[float | None, float | None, list[tuple[str, str, float]]]:
+    """(rejects, faults, their counter parts). Every 5xx of a generation handler is a refusal at admission
+    (503) or a fault: a request finished in error (500), or an engine that failed outright. With vLLM's
+    admission counter the refusals are known and the rest of the 5xx are faults; without it (before it
+    existed) the 5xx less the errored requests are the refusals. No HTTP family (a frontend that is not
+    vLLM's, Ray Serve's): the errored requests alone are the faults."""
+    http = [s for s in samples.get(HTTP_REQUESTS, ()) if _is_generation_handler(s)]
+    # the family exists: its 5xx series is created at the first one, so none yet means 0
+    http_5xx = [s for s in http if s.labels.get("status") == "5xx"]
+    errors = counter_sum(errored)
+    faults: float | None
+    if admission:
+        if http:
+            parts = [*counter_parts("faults", http_5xx), *counter_parts(DEDUCTED + "faults", admission)]
+            faults = max(0.0, sum(s.value for s in http_5xx) - (counter_sum(admission) or 0.0))
+        else:
+            parts, faults = counter_parts("faults", errored), errors
+        return counter_sum(admission), faults, [*counter_parts("rejects", admission), *parts]
+    if http:
+        rejects = max(0.0, sum(s.value for s in http_5xx) - (errors or 0.0))
+        parts = [*counter_parts("rejects", http_5xx), *counter_parts(DEDUCTED + "rejects", errored)]
+        return rejects, errors, [*parts, *counter_parts("faults", errored)]
+    return None, errors, counter_parts("faults", errored)
+
+
 class VllmAdapter:
     name = "vllm"
     sample_names = SampleNames(
@@ -89,6 +125,8 @@ class VllmAdapter:
         | histogram_names(TTFT)
         | histogram_names(QUEUE_TIME)
         | histogram_names(HOLD_TIME)
+        | histogram_names(ITL_NAMES[0])
+        | histogram_names(ITL_NAMES[1])
     )
 
     def claims(self, samples: Samples) -> bool:
@@ -110,14 +148,13 @@ class VllmAdapter:
             raise MissingSignal(" or ".join(KV_NAMES))
         engines = assemble_engines(waiting, running, kv, (WAITING, RUNNING, KV_NAMES[0]), "engine")
 
-        reject_series = flt.select(samples, ADMISSION_REJECTIONS)
-        rejects = counter_sum(reject_series)
-        if rejects is None:
-            http = [s for s in samples.get(HTTP_REQUESTS, ()) if _is_generation_handler(s)]
-            if http:  # the family exists: 5xx series are created lazily, so none yet means 0
-                reject_series = [s for s in http if s.labels.get("status") == "5xx"]
-                rejects = sum(s.value for s in reject_series)
-        preemptions, success = flt.select(samples, PREEMPTIONS), flt.select(samples, SUCCESS)
+        finished = flt.select(samples, SUCCESS)
+        success = [s for s in finished if s.labels.get("finished_reason") not in UNSERVED_REASONS]
+        errored = [s for s in finished if s.labels.get("finished_reason") == "error"]
+        rejects, faults, outcome_parts = _rejects_and_faults(
+            samples, flt.select(samples, ADMISSION_REJECTIONS), errored
+        )
+        preemptions = flt.select(samples, PREEMPTIONS)
         prompt, generation = flt.select(samples, PROMPT_TOKENS), flt.select(samples, GENERATION_TOKENS)
         return ReplicaSignals.from_engines(
             self.name,
@@ -128,14 +165,24 @@ class VllmAdapter:
             preemptions_total=counter_sum(preemptions),
             rejects_total=rejects,
             admitted_total=counter_sum(success),
+            faults_total=faults,
             prompt_tokens_total=counter_sum(prompt),
             generation_tokens_total=counter_sum(generation),
             counter_series=(
                 *counter_parts("preemptions", preemptions),
-                *counter_parts("rejects", reject_series),
+                *outcome_parts,
                 *counter_parts("admitted", success),
                 *counter_parts("prompt_tokens", prompt),
                 *counter_parts("generation_tokens", generation),
             ),
-            **histograms(samples, {"ttft": TTFT, "queue_time": QUEUE_TIME, "hold_time": HOLD_TIME}, flt.keep),
+            **histograms(
+                samples,
+                {
+                    "ttft": TTFT,
+                    "queue_time": QUEUE_TIME,
+                    "hold_time": HOLD_TIME,
+                    "itl": present_family(samples, ITL_NAMES),
+                },
+                flt.keep,
+            ),
         )
