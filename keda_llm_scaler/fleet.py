@@ -81,6 +81,7 @@ class Evaluation:
     fault_rate: float | None = None  # answers the engines failed, per second: shown, not scored
     ttft_p95_s: float | None = None
     itl_p95_s: float | None = None  # the gap between two tokens of a stream, over the rate window
+    held: float | None = None  # requests the pool's gateway holds for it (gatewayMetricsUrl), this cycle
     queue_time_p95_s: float | None = None
 
     def count(self, state: str) -> int:
@@ -127,6 +128,7 @@ class _ReplicaState:
         for name, window, value in (
             ("rejects", self.rejects, s.rejects_total),
             ("admitted", self.admitted, s.admitted_total),
+            ("finished", None, s.finished_total),
             ("faults", self.faults, s.faults_total),
             ("preemptions", self.preemptions, s.preemptions_total),
             ("prompt_tokens", None, s.prompt_tokens_total),
@@ -147,7 +149,10 @@ class _ReplicaState:
                     window.observe(earlier_ok, 0.0)
             self.absent.discard(name)
             series = {key: v for counter, key, v in s.counter_series if counter == name}
-            if series:  # resets per series: the total only moves up (rates.SeriesCounter)
+            # resets per series: the total only moves up (rates.SeriesCounter). A counter already kept by
+            # series stays so when none is in this scrape (its lazily made series not there yet after a
+            # restart): its raw value would be mixed with the running total, a drop then a jump.
+            if series or name in self.counters:
                 value = self.counters.setdefault(name, SeriesCounter()).observe(series)
                 deducted = {key: v for counter, key, v in s.counter_series if counter == DEDUCTED + name}
                 if deducted or DEDUCTED + name in self.counters:  # (parts gone since: still taken out)
@@ -155,7 +160,7 @@ class _ReplicaState:
                     # the parts are counted at different moments (SGLang counts a refused request finished
                     # before its 503 is counted): a difference that dips would read as a reset, and a reset
                     # as the whole count arriving at once. Held at its high mark, it only lags by the few.
-                    value = max(value, previous if previous is not None else -math.inf)
+                    value = max(value, previous if previous is not None else 0.0)
             self.totals[name] = value
             if window is not None:
                 window.observe(now, value)
@@ -228,6 +233,10 @@ def _policy_input(r: ReplicaReport) -> ReplicaInput:
     )
 
 
+def _first_known(totals: dict[str, float | None], *names: str) -> float | None:
+    return next((v for n in names if (v := totals.get(n)) is not None), None)
+
+
 def _sum_known(values: Iterable[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return math.fsum(known) if known else None
@@ -292,7 +301,9 @@ class FleetState:
             (
                 ReplicaCounters(
                     o.url,
-                    self._replicas[o.url].totals.get("admitted"),
+                    # arrivals are what left the engine (served, aborted, errored) plus the refused and
+                    # the in-flight: admitted alone would miss every request its client gave up on
+                    _first_known(self._replicas[o.url].totals, "finished", "admitted"),
                     self._replicas[o.url].totals.get("rejects"),
                     o.signals.waiting,
                     o.signals.running,
@@ -315,10 +326,17 @@ class FleetState:
         return changes
 
     def evaluate(
-        self, now: float, incoming: int = 0, params: ScoringParams | None = None, stale_after: float | None = None
+        self,
+        now: float,
+        incoming: int = 0,
+        params: ScoringParams | None = None,
+        stale_after: float | None = None,
+        gateway: tuple[float | None, str | None] | None = None,
     ) -> Evaluation:
         """``incoming``: replicas starting (not ready yet), counted as capacity on the way. ``params`` and
-        ``stale_after``: one trigger's own, when several score this fleet (else the fleet's defaults)."""
+        ``stale_after``: one trigger's own, when several score this fleet (else the fleet's defaults).
+        ``gateway``: this cycle's reading of the pool's gateway, (requests held, None) or (None, why it
+        failed); None when the trigger names no gateway."""
         stale_after = self.stale_after if stale_after is None else stale_after
         reports = tuple(self._replicas[u].report(now, stale_after) for u in self._urls)
         live = [r for r in reports if r.state != EXPIRED and r.signals is not None]
@@ -330,14 +348,22 @@ class FleetState:
         demand: DemandEstimate | None = self.demand.estimate(now, p.replica_capacity, p.startup_s, windows)
         ttft_merged = Histogram.merge(ttft)
         slo_q = _quantile(p.ttft_slo_quantile, ttft_merged) if p.ttft_slo_s is not None else None
+        itl_merged = Histogram.merge(itl)
+        itl_q = _quantile(p.itl_slo_quantile, itl_merged) if p.itl_slo_s is not None else None
+        held, gateway_error = gateway if gateway is not None else (None, None)
         try:
-            comp: Composite | None = composite([_policy_input(r) for r in reports], p, incoming, demand, slo_q)
+            if not reports and gateway_error is not None:
+                # no replica to read and the gateway unread: the pool's demand is unknown, which is not 0
+                raise NoFreshData(f"no replica, and the pool's gateway failed ({gateway_error})")
+            inputs = [_policy_input(r) for r in reports]
+            comp: Composite | None = composite(inputs, p, incoming, demand, slo_q, itl_q, held)
             error = None
         except NoFreshData as exc:
             # counts by reason, never addresses: the gRPC port is unauthenticated, and per-URL reasons
             # would make it a port-scanning oracle (details are in the scaler's log)
             reasons = Counter(r.reason or r.state for r in reports)
-            comp, error = None, f"{exc}: " + ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+            counts = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+            comp, error = None, f"{exc}: {counts}" if counts else str(exc)
         return Evaluation(
             replicas=reports,
             composite=comp,
@@ -351,5 +377,6 @@ class FleetState:
             fault_rate=_sum_known(r.fault_rate for r in live),
             ttft_p95_s=_quantile(0.95, ttft_merged),
             queue_time_p95_s=_quantile(0.95, Histogram.merge(queue)),
-            itl_p95_s=_quantile(0.95, Histogram.merge(itl)),
+            itl_p95_s=_quantile(0.95, itl_merged),
+            held=held,
         )

@@ -22,6 +22,7 @@ from keda_llm_scaler.addresses import normalize_host, refusal
 from keda_llm_scaler.demand import bin_seconds
 from keda_llm_scaler.engines import ENGINE_CHOICES
 from keda_llm_scaler.errors import BadMetadata, BadObjectName, quote_value
+from keda_llm_scaler.gateway import DEFAULT_GATEWAY_FAMILIES, POOL_LABEL, GatewaySpec, parse_labels, valid_family
 from keda_llm_scaler.policy import ScoringParams
 
 __all__ = [
@@ -68,6 +69,12 @@ KNOWN_KEYS: Final = frozenset(
         "startupBudgetSeconds",
         "ttftSloSeconds",
         "ttftSloQuantile",
+        "itlSloSeconds",
+        "itlSloQuantile",
+        "gatewayMetricsUrl",
+        "gatewayMetric",
+        "gatewayPool",
+        "gatewayLabels",
         "demandWindow",
         "workloadClass",
     }
@@ -123,6 +130,8 @@ class TriggerConfig:
     scrape_timeout: float
     stale_after: float
     workload_class: str = INTERACTIVE  # a view parameter (in ``key``, not in ``fleet_key``)
+    # where the requests held for this pool are read while it has no ready replica (gatewayMetricsUrl)
+    gateway: GatewaySpec | None = None
 
     @property
     def key(self) -> tuple[object, ...]:
@@ -142,7 +151,15 @@ class TriggerConfig:
         its observations each with their own parameters. Zero-config discovery reads the ScaledObject's
         own scaleTargetRef, so there the ScaledObject is part of what is scraped."""
         owner = (self.namespace, self.name) if self.discovery.kind == "workload" else ()
-        return (*owner, self.discovery, self.engine, self.model, self.scrape_interval, self.scrape_timeout)
+        return (
+            *owner,
+            self.discovery,
+            self.engine,
+            self.model,
+            self.scrape_interval,
+            self.scrape_timeout,
+            self.gateway,
+        )
 
     @property
     def label(self) -> str:
@@ -166,6 +183,7 @@ DEFAULTS: Final[dict[str, float | str]] = {
     "targetQueueDepth": _field_default(ScoringParams, "target_queue_depth"),
     "targetUtilization": _field_default(ScoringParams, "target_utilization"),
     "ttftSloQuantile": _field_default(ScoringParams, "ttft_slo_quantile"),
+    "itlSloQuantile": _field_default(ScoringParams, "itl_slo_quantile"),
     "demandWindow": _field_default(ScoringParams, "demand_window_s"),
     "startupBudgetSeconds": _field_default(Discovery, "startup_budget_s"),
     "activationThreshold": 0.0,
@@ -253,42 +271,43 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-def endpoint_urls(raw: str, metrics_path: str) -> tuple[str, ...]:
+def endpoint_urls(raw: str, metrics_path: str, key: str = "endpoints") -> tuple[str, ...]:
+    """``key``: the metadata key the URLs came from, named in every refusal."""
     accepted = "comma-separated http(s) base URLs, e.g. http://10.0.0.7:8000,http://10.0.0.8:8000"
     urls: set[str] = set()
     for item in (part.strip() for part in raw.split(",")):
         if not item:
             continue
         if len(item) > MAX_URL_CHARS:
-            raise BadMetadata("endpoints", f"{quote_value(item)} is longer than {MAX_URL_CHARS} characters", accepted)
+            raise BadMetadata(key, f"{quote_value(item)} is longer than {MAX_URL_CHARS} characters", accepted)
         try:
             parts = urlsplit(item)
             port = parts.port
         except ValueError:
-            raise BadMetadata("endpoints", f"{quote_value(item)} is not a URL", accepted) from None
+            raise BadMetadata(key, f"{quote_value(item)} is not a URL", accepted) from None
         if parts.scheme not in ("http", "https"):
-            raise BadMetadata("endpoints", f"scheme of {quote_value(item)} is not http or https", accepted)
+            raise BadMetadata(key, f"scheme of {quote_value(item)} is not http or https", accepted)
         if not parts.hostname:
-            raise BadMetadata("endpoints", f"{quote_value(item)} has no host", accepted)
+            raise BadMetadata(key, f"{quote_value(item)} has no host", accepted)
         if port == 0:  # urlsplit reads ":0" as port 0, and the scrape would then go to the scheme's default
-            raise BadMetadata("endpoints", f"{quote_value(parts.hostname)}: port 0 is not a port", accepted)
-        check_address(parts.hostname, "endpoints")
+            raise BadMetadata(key, f"{quote_value(parts.hostname)}: port 0 is not a port", accepted)
+        check_address(parts.hostname, key)
         if parts.username or parts.password:
-            raise BadMetadata("endpoints", f"{quote_value(parts.hostname)}: credentials in URLs are refused", accepted)
+            raise BadMetadata(key, f"{quote_value(parts.hostname)}: credentials in URLs are refused", accepted)
         # A base URL gets metricsPath appended; a URL that already names a path is used as it is.
         path = parts.path if parts.path not in ("", "/") else metrics_path
         # the canonical spelling is what is scraped: `2130706433`, `0177.0.0.1`, `127.1`, a trailing dot or
         # full-width dots are checked as the address they mean, so they must also connect to it
         canonical = normalize_host(parts.hostname)
         if not _is_ip(canonical) and not _HOSTNAME.match(canonical):
-            raise BadMetadata("endpoints", f"{quote_value(parts.hostname)} is not a host name or address", accepted)
+            raise BadMetadata(key, f"{quote_value(parts.hostname)} is not a host name or address", accepted)
         host = f"[{canonical}]" if ":" in canonical else canonical
         netloc = f"{host}:{port}" if port else host
         urls.add(f"{parts.scheme}://{netloc}{path}" + (f"?{parts.query}" if parts.query else ""))
     if not urls:
-        raise BadMetadata("endpoints", "is empty", accepted)
+        raise BadMetadata(key, "is empty", accepted)
     if len(urls) > MAX_ENDPOINTS:
-        raise BadMetadata("endpoints", f"{len(urls)} endpoints", f"at most {MAX_ENDPOINTS}")
+        raise BadMetadata(key, f"{len(urls)} endpoints", f"at most {MAX_ENDPOINTS}")
     return tuple(sorted(urls))
 
 
@@ -404,6 +423,8 @@ def parse_trigger(
             startup_s=_optional(meta, "startupSeconds", 1.0, 86400.0),
             ttft_slo_s=_optional(meta, "ttftSloSeconds", 0.01, 3600.0),
             ttft_slo_quantile=_number(meta, "ttftSloQuantile", 0.5, 0.999),
+            itl_slo_s=_optional(meta, "itlSloSeconds", 0.001, 60.0),
+            itl_slo_quantile=_number(meta, "itlSloQuantile", 0.5, 0.999),
             demand_window_s=_demand_window(meta, interval),
         ),
         activation_threshold=_number(meta, "activationThreshold", 0.0, 1e9),
@@ -412,7 +433,41 @@ def parse_trigger(
         scrape_timeout=timeout,
         stale_after=stale_after,
         workload_class=_choice(meta, "workloadClass", WORKLOAD_CLASSES),
+        gateway=_gateway(meta, name),
     )
+
+
+def _gateway(meta: Mapping[str, str], name: str) -> GatewaySpec | None:
+    """gatewayMetricsUrl and the keys that refine it: the family (gatewayMetric, default llm-d's router's
+    flow-control queue), the pool (gatewayPool, default the ScaledObject's name, matched on the router's
+    ``inference_pool`` label) and other labels to match (gatewayLabels)."""
+    raw = meta.get("gatewayMetricsUrl", "").strip()
+    if not raw:
+        for key in ("gatewayMetric", "gatewayPool", "gatewayLabels"):
+            if meta.get(key, "").strip():
+                raise BadMetadata(
+                    key, "is set without gatewayMetricsUrl", "gatewayMetricsUrl: the gateway's /metrics URL"
+                )
+        return None
+    if "," in raw:
+        raise BadMetadata("gatewayMetricsUrl", "names more than one URL", "one http(s) URL of the gateway's /metrics")
+    (url,) = endpoint_urls(raw, "/metrics", "gatewayMetricsUrl")
+    family = meta.get("gatewayMetric", "").strip()
+    if family and not valid_family(family):
+        raise BadMetadata("gatewayMetric", f"{quote_value(family)} is not a metric name", "a Prometheus metric name")
+    try:
+        labels = dict(parse_labels(meta.get("gatewayLabels", "")))
+    except ValueError as exc:
+        raise BadMetadata("gatewayLabels", str(exc), "name=value,name=value") from None
+    pool = meta.get("gatewayPool", "").strip()
+    if not family:  # llm-d's router: its pool label, this ScaledObject's pool unless named
+        if pool and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", pool):
+            raise BadMetadata("gatewayPool", f"{quote_value(pool)} is not an InferencePool name", "a DNS-1123 name")
+        labels.setdefault(POOL_LABEL, pool or name)
+    elif pool:
+        raise BadMetadata("gatewayPool", "applies to the default gatewayMetric only", "gatewayLabels: label=value")
+    families = (family,) if family else DEFAULT_GATEWAY_FAMILIES
+    return GatewaySpec(url, families, tuple(sorted(labels.items())))
 
 
 def metadata_hints(meta: Mapping[str, str]) -> list[str]:
@@ -421,6 +476,8 @@ def metadata_hints(meta: Mapping[str, str]) -> list[str]:
     lowered = {k.lower(): k for k in KNOWN_KEYS}
     if meta.get("ttftSloQuantile", "").strip() and not meta.get("ttftSloSeconds", "").strip():
         hints.append("ttftSloQuantile: has no effect without ttftSloSeconds")
+    if meta.get("itlSloQuantile", "").strip() and not meta.get("itlSloSeconds", "").strip():
+        hints.append("itlSloQuantile: has no effect without itlSloSeconds")
     for key in sorted(meta):
         if key in KNOWN_KEYS or key in KEDA_KEYS or key.endswith("FromEnv"):
             continue

@@ -24,6 +24,7 @@ Per replica i (``kvT`` = targetKvUsage, ``qT`` = targetQueueDepth)::
                                               the served window, demandWindow / 10: the fleet is idle)
     with ttftSloSeconds: fleet TTFT quantile > SLO and composite >= 0.8 N -> composite >= max(N + 1, 1.25 N)
                          fleet TTFT quantile > 0.8 x SLO -> composite >= N   (no scale-down near the SLO)
+    with itlSloSeconds:  the same on the fleet's inter-token latency at itlSloQuantile; the larger floor holds
     composite is rounded to 0.001 (KEDA's and the HPA's resolution)
 
 The rate term is the demand: requests offered to the fleet (with headroom for their spread and their
@@ -104,6 +105,10 @@ class ScoringParams:
     startup_s: float | None = None  # seconds from created to ready; None: learn it
     ttft_slo_s: float | None = None
     ttft_slo_quantile: float = DEFAULT_SLO_QUANTILE
+    # the decode SLO: the gap between two tokens of a stream, at itl_slo_quantile of the gaps (a decode-heavy
+    # fleet meets its TTFT and misses this as its batches grow: each step serves more streams, slower)
+    itl_slo_s: float | None = None
+    itl_slo_quantile: float = DEFAULT_SLO_QUANTILE
     demand_window_s: float = DEMAND_WINDOW_S  # the demand's calm window (the others follow: DemandConfig)
 
 
@@ -149,7 +154,7 @@ class Composite:
     queue: float
     reject: float
     assumed: float  # demand added by replicas counted as at-target for lack of data
-    dominant: str  # why: reject | slo | rate | load | queue | assumed | idle (see ``composite``)
+    dominant: str  # why: reject | slo | rate | load | queue | assumed | gateway | idle (see ``composite``)
     pressure: float = 0.0  # the KV + queue + reject side, before the rate term
     rate: float | None = None  # replicas the offered load asks for (None: no usable capacity or load)
     slo_floor: float | None = None  # the TTFT guardrail's floor, when it applies
@@ -245,19 +250,46 @@ def with_incoming(excess: float, incoming: int) -> float:
 
 
 def slo_floor(
-    ttft_quantile_s: float | None, replicas: int, p: ScoringParams, signals: float = math.inf
+    ttft_quantile_s: float | None,
+    replicas: int,
+    p: ScoringParams,
+    signals: float = math.inf,
+    itl_quantile_s: float | None = None,
 ) -> float | None:
-    """The TTFT guardrail: none fewer replicas when the fleet is near or above its SLO, and more when it
-    breaches it while the other signals say it is nearly full (``signals`` >= 0.8 N: the breach is about
-    capacity). A breach they do not corroborate (long prompts, a slow node) holds the fleet rather than
+    """The SLO guardrails, TTFT's and the inter-token latency's: the larger floor of the two."""
+    floors = [
+        f
+        for f in (
+            _guardrail(ttft_quantile_s, p.ttft_slo_s, replicas, signals),
+            _guardrail(itl_quantile_s, p.itl_slo_s, replicas, signals),
+        )
+        if f is not None
+    ]
+    return max(floors) if floors else None
+
+
+def _guardrail(quantile_s: float | None, slo_s: float | None, replicas: int, signals: float) -> float | None:
+    """None fewer replicas when the fleet is near or above its SLO, and more when it breaches it while the
+    other signals say it is nearly full (``signals`` >= 0.8 N: the breach is about capacity). A breach they
+    do not corroborate (long prompts, a slow node, a model slow at any batch) holds the fleet rather than
     ratcheting it up with every replica that becomes ready."""
-    if p.ttft_slo_s is None or ttft_quantile_s is None or not math.isfinite(ttft_quantile_s) or replicas <= 0:
+    if slo_s is None or quantile_s is None or not math.isfinite(quantile_s) or replicas <= 0:
         return None
-    if ttft_quantile_s > p.ttft_slo_s and signals >= SLO_HOLD_SHARE * replicas:
+    if quantile_s > slo_s and signals >= SLO_HOLD_SHARE * replicas:
         return max(replicas + 1.0, SLO_BREACH_FACTOR * replicas)
-    if ttft_quantile_s > SLO_HOLD_SHARE * p.ttft_slo_s:
+    if quantile_s > SLO_HOLD_SHARE * slo_s:
         return float(replicas)
     return None
+
+
+def _idle_asleep(r: ReplicaInput) -> bool:
+    return (
+        r.asleep
+        and not r.expired
+        and nonneg(r.waiting) == 0
+        and nonneg(r.running) == 0
+        and not nonneg(r.reject_rate) > 0
+    )
 
 
 def _arriving(demand: DemandEstimate | None, p: ScoringParams) -> bool:
@@ -273,26 +305,41 @@ def composite(
     incoming: int = 0,
     demand: DemandEstimate | None = None,
     ttft_quantile_s: float | None = None,
+    itl_quantile_s: float | None = None,
+    held: float | None = None,
 ) -> Composite:
     """Score a fleet. The caller passes replicas in a fixed order (by URL) for determinism.
 
     ``incoming``: replicas that exist but are not ready yet (not-ready EndpointSlice endpoints).
     ``demand``: the fleet's offered load (``keda_llm_scaler.demand``); ``ttft_quantile_s``: the fleet's TTFT at
-    ``p.ttft_slo_quantile`` over the rate window, for the SLO guardrail.
+    ``p.ttft_slo_quantile`` over the rate window, for the SLO guardrail. ``held``: the requests the pool's
+    gateway holds for it; while no replica is ready they are its demand (a pool at zero has nothing else to
+    read): one replica per targetQueueDepth of them, at least one.
     """
-    # A replica asleep serves nothing and says nothing about the load: it is left out of the scores, so the
-    # fleet's readings (its size for the reject floor, the SLO floor and the rate's cap) are the awake
-    # replicas'. It is still a member the HPA counts, so a need beyond the awake replicas is first theirs
-    # to cover once woken: the composite asks for new replicas only beyond them, and says how many to wake.
-    asleep = sum(1 for r in replicas if r.asleep and not r.expired)
-    replicas = [r for r in replicas if not r.asleep or r.expired]
+    # A replica asleep (and idle: one showing work is read as it shows) serves nothing and says nothing about
+    # the load: it is left out of the scores, so the fleet's readings (its size for the reject floor, the SLO
+    # floor and the rate's cap) are the awake replicas'. It is still a member the HPA counts, so a need
+    # beyond the awake replicas is first theirs to cover once woken: the composite asks for new replicas
+    # only beyond them, and says how many to wake.
+    asleep = sum(1 for r in replicas if _idle_asleep(r))
+    replicas = [r for r in replicas if not _idle_asleep(r)]
+    gateway_need = max(1.0, held / p.target_queue_depth) if held is not None and held > 0 else 0.0
     if not replicas:
-        # Nothing ready: zero, unless replicas are starting (then hold them: no data says otherwise).
-        value = float(incoming)
-        reason = "assumed" if incoming else "idle"
-        return Composite(value, 0, 0, 0.0, 0.0, 0.0, value, reason, pressure=value, asleep=asleep)
+        # Nothing awake: zero, unless replicas are starting (then hold them: no data says otherwise), the
+        # gateway holds requests for the pool (then wake it), or, with every member asleep, the arrivals
+        # still counted ask for them.
+        asleep_need = 0.0
+        if asleep and demand is not None and _arriving(demand, p):
+            asleep_need = demand.replicas(p.target_utilization) or 0.0
+        value = min(MAX_COMPOSITE, max(float(incoming), gateway_need, asleep_need))
+        reason = (
+            "gateway" if gateway_need > max(incoming, asleep_need) else "rate" if asleep_need > incoming else "assumed"
+        )
+        reason = reason if value > 0 else "idle"
+        wake = min(asleep, max(0, math.ceil(value - incoming - WAKE_TOLERANCE)))
+        return Composite(round(value, 3), 0, 0, 0.0, 0.0, 0.0, value, reason, pressure=value, asleep=asleep, wake=wake)
     expired = sum(1 for r in replicas if r.expired)
-    if expired == len(replicas):
+    if expired == len(replicas) and not asleep:  # (a replica asleep that answers is data)
         raise NoFreshData(f"no fresh data from any of {len(replicas)} replicas")
     drain = drain_requests(demand)
     scores = [score_replica(r, p, drain) for r in replicas]
@@ -301,8 +348,11 @@ def composite(
     if any(s.rejecting for s in scores):
         total = max(total, len(scores) + reject)
     if total > len(scores):
-        # what exceeds the ready replicas is what the starting ones are coming for
-        total = len(scores) + with_incoming(total - len(scores), incoming)
+        # what exceeds the awake replicas is first the asleep ones' to cover once woken, then what the
+        # starting ones are coming for
+        excess = total - len(scores)
+        woken = min(float(asleep), excess)
+        total = len(scores) + woken + with_incoming(excess - woken, incoming)
     assumed = math.fsum(s.demand - (s.load + s.queue + s.reject) for s in scores if s.assumed_at_target)
     terms = {
         "load": math.fsum(s.load for s in scores),
@@ -331,7 +381,7 @@ def composite(
         # scrapes fall between requests, and a composite flickering to 0 would let KEDA scale a serving
         # pool to zero once enough polls in a row land in the gaps.
         total = max(total, rate)
-    floor = slo_floor(ttft_quantile_s, len(scores), p, total)
+    floor = slo_floor(ttft_quantile_s, len(scores), p, total, itl_quantile_s)
     if floor is not None:
         total = max(total, floor)
     if total <= 0:

@@ -36,6 +36,7 @@ from keda_llm_scaler import __version__
 from keda_llm_scaler.addresses import GuardedResolver, RefusedAddress, refusal
 from keda_llm_scaler.engines import read_replica
 from keda_llm_scaler.errors import ReplicaError
+from keda_llm_scaler.gateway import GATEWAY_ENGINE, GatewaySpec, read_gateway
 from keda_llm_scaler.promtext import TextFormatError
 from keda_llm_scaler.signals import ReplicaSignals
 
@@ -62,6 +63,8 @@ class ScrapeResult:
     duration_s: float  # the scrape itself: connect, request, body, parse (not the wait for a slot)
     size: int
     wait_s: float = 0.0  # waiting for the fleet's, namespace's and process's scrape slots
+    # a gateway's scrape (engine ``gateway.GATEWAY_ENGINE``): the requests it holds for the pool
+    held: float | None = None
 
 
 class _TooLarge(Exception):
@@ -194,8 +197,10 @@ class Fetcher:
         start = time.perf_counter()
         body = b""
 
-        def result(signals: ReplicaSignals | None, reason: str | None, detail: str = "") -> ScrapeResult:
-            return ScrapeResult(url, signals, reason, detail, time.perf_counter() - start, len(body))
+        def result(
+            signals: ReplicaSignals | None, reason: str | None, detail: str = "", held: float | None = None
+        ) -> ScrapeResult:
+            return ScrapeResult(url, signals, reason, detail, time.perf_counter() - start, len(body), held=held)
 
         deadline = asyncio.get_running_loop().time() + timeout
         try:
@@ -217,9 +222,13 @@ class Fetcher:
         finally:
             if release is not None:
                 await release()
+        held = None
         try:
             text = body.decode("utf-8", errors="replace")
-            if len(body) > THREAD_PARSE_BYTES:
+            if engine == GATEWAY_ENGINE:  # a pool's gateway, not a replica: the requests it holds
+                assert model is not None  # the spec's channel (GatewaySpec.channel)
+                held, signals = read_gateway(text, GatewaySpec.from_channel(url, model)), None
+            elif len(body) > THREAD_PARSE_BYTES:
                 signals = await asyncio.to_thread(read_replica, text, engine, model)
             else:
                 signals = read_replica(text, engine, model)
@@ -231,7 +240,7 @@ class Fetcher:
             # the text format ends every line with a newline: a readable body without one was cut (a
             # close-delimited answer that dropped), and its last value may be a prefix ("0.95" as "0.")
             return result(None, "parse_error", "body does not end in a newline: cut short")
-        return result(signals, None)
+        return result(signals, None, held=held)
 
 
 class RemoteFetcher(Protocol):

@@ -113,12 +113,16 @@ class ReplicaSignals:
     # Waiting requests the engine holds back for reasons more replicas do not remove (vLLM 0.30+: the LoRA
     # budget, an async KV transfer, a blocked status); they are not in ``waiting``. None: not split.
     deferred: float | None = None
-    # 0 awake, 1 or 2 asleep (vLLM's sleep levels: weights offloaded, discarded; the deepest engine of the
-    # pod); None: the engine does not say. An engine asleep reads 0 waiting and 0 running.
+    # 0 awake, 1 or 2 asleep (vLLM's sleep levels: weights offloaded, discarded; asleep only when every
+    # engine of the pod is, at the lightest level among them); None: the engine does not say. An engine
+    # asleep reads 0 waiting and 0 running.
     sleep_level: int | None = None
     preemptions_total: float | None = None
     rejects_total: float | None = None
     admitted_total: float | None = None  # served to the end: neither refused, aborted nor errored
+    # every request that left the engine after it was let in, served or not (aborted, errored too): what the
+    # demand counts as arrived, where admitted would miss the ones a client gave up on. None: as admitted.
+    finished_total: float | None = None
     # Answers the engine failed (5xx other than its admission refusals, requests finished in error): no
     # demand (more replicas do not fix them) and no admission, but an SRE wants to see them.
     faults_total: float | None = None
@@ -129,7 +133,7 @@ class ReplicaSignals:
     hold_time: Histogram | None = None  # how long requests held a batch slot (vLLM only)
     itl: Histogram | None = None  # the gap between two tokens of one stream (inter-token latency)
     # The counters' series, (counter, series key, value), counter one of "preemptions", "rejects",
-    # "admitted", "faults", "prompt_tokens", "generation_tokens", or one of them prefixed with DEDUCTED
+    # "admitted", "finished", "faults", "prompt_tokens", "generation_tokens", or one prefixed with DEDUCTED
     # (series taken out of it): resets are detected per series (one data-parallel engine restarting resets
     # only its own), not on the pod's sum (``keda_llm_scaler.rates.SeriesCounter``).
     counter_series: tuple[tuple[str, str, float], ...] = ()

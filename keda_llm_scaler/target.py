@@ -35,6 +35,7 @@ from keda_llm_scaler.fleet import (
     Observation,
     ReplicaReport,
 )
+from keda_llm_scaler.gateway import GATEWAY_ENGINE
 from keda_llm_scaler.loops import ScrapeLoop, Spawned
 from keda_llm_scaler.membership import FAILED_TO_START, PENDING, Membership
 from keda_llm_scaler.metadata import MAX_DEMAND_WINDOW_S, TriggerConfig
@@ -272,6 +273,7 @@ class FleetWorker:
         self._scrape_loop = scrape_loop or ScrapeLoop(threaded=False)
         self._task: Spawned[asyncio.Task[None]] | None = None
         self._ranker = ranker
+        self._gateway_failing = False
 
     # -- lifecycle -------------------------------------------------------------------------------
     def attach(self, view: Target) -> None:
@@ -353,7 +355,7 @@ class FleetWorker:
             return
         urls = membership.urls
         self.scrapes += len(urls)
-        results = await asyncio.gather(
+        replica_scrapes = asyncio.gather(
             *(
                 self._scraper.scrape(
                     url, timeout=cfg.scrape_timeout, engine=cfg.engine, model=cfg.model, limits=self._limits
@@ -361,6 +363,19 @@ class FleetWorker:
                 for url in urls
             )
         )
+        gateway_result: ScrapeResult | None = None
+        if cfg.gateway is None:
+            results = await replica_scrapes
+        else:  # the pool's gateway, in the same cycle and under the same slots and deadline
+            gateway_scrape = self._scraper.scrape(
+                cfg.gateway.url,
+                timeout=cfg.scrape_timeout,
+                engine=GATEWAY_ENGINE,
+                model=cfg.gateway.channel,
+                limits=self._limits,
+            )
+            results, gateway_result = await asyncio.gather(replica_scrapes, gateway_scrape)
+        gateway = self._gateway_reading(gateway_result)
         now = self._clock()
         by_url = {r.url: r for r in results}
         startups = membership.startups()
@@ -376,7 +391,7 @@ class FleetWorker:
             # under each ScaledObject that reads this fleet now, not the one that created the worker: that
             # one may be gone, and its series must go with it (registry.evict_idle)
             for view_cfg in [v.cfg for v in list(self.views.values())]:
-                for res in results:
+                for res in (*results, *([gateway_result] if gateway_result is not None else [])):
                     self._observer.scrape_done(view_cfg, res)
         for url, failing in changes:
             res = by_url[url]
@@ -395,7 +410,7 @@ class FleetWorker:
 
         def snapshot(view: Target) -> Snapshot:
             v = view.cfg
-            evaluation = self._fleet.evaluate(now, starting, v.scoring, v.stale_after)
+            evaluation = self._fleet.evaluate(now, starting, v.scoring, v.stale_after, gateway)
             return Snapshot(now, time.time(), self._cycle, evaluation, discovery_error, cycle_s, starting, membership)
 
         pairs = self._publish(snapshot)
@@ -411,6 +426,21 @@ class FleetWorker:
                 )
             except Exception:  # ranking is an extra: a bug in it must not cost the fleet its scoring
                 log.exception("victim_ranking_crashed", target=cfg.label, fleet_id=self.id)
+
+    def _gateway_reading(self, result: ScrapeResult | None) -> tuple[float | None, str | None] | None:
+        """(requests held, None) or (None, why not); logged when it starts or stops failing."""
+        if result is None:
+            return None
+        failing = result.held is None
+        if failing != self._gateway_failing:
+            self._gateway_failing = failing
+            url = redact(result.url)
+            if failing:
+                log.warning("gateway_scrape_failed", target=self.cfg.label, url=url, reason=result.reason,
+                            detail=result.detail[:300].replace(result.url, url))  # fmt: skip
+            else:
+                log.info("gateway_scrape_recovered", target=self.cfg.label, url=url)
+        return (result.held, None) if result.held is not None else (None, result.reason or "no reading")
 
     def _publish(self, snapshot: Callable[[Target], Snapshot]) -> list[tuple[Target, Snapshot]]:
         pairs = [(view, snapshot(view)) for view in list(self.views.values())]

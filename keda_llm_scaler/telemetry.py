@@ -76,6 +76,10 @@ class _TargetCollector(Collector):
         )
         ttft = family("ttft_p95_seconds", "p95 time to first token over the rate window")
         qtime = family("queue_time_p95_seconds", "p95 time spent waiting over the rate window")
+        held = family(
+            "gateway_held_requests",
+            "Requests the pool's gateway holds for it (gatewayMetricsUrl); the demand while no replica is ready",
+        )
         asleep = family("asleep_replicas", "Replicas asleep (vLLM sleep mode): members that serve nothing until woken")
         wake = family(
             "wake_replicas",
@@ -172,6 +176,7 @@ class _TargetCollector(Collector):
                 (ttft, ev.ttft_p95_s),
                 (qtime, ev.queue_time_p95_s),
                 (itl, ev.itl_p95_s),
+                (held, ev.held),
             ]
             for fam, maybe in optional:
                 if maybe is not None:
@@ -192,6 +197,7 @@ class _TargetCollector(Collector):
             ttft,
             qtime,
             itl,
+            held,
             asleep,
             wake,
             offered,

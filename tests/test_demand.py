@@ -695,3 +695,19 @@ def test_the_time_since_the_last_arrival_is_counted_from_the_scrapes_that_saw_on
         tr.observe(t + 5.0 * quiet, ["r0"], [counters("r0", 6 * 2.0 * 5.0)])
     est = tr.estimate(t + 20.0)
     assert est is not None and est.since_arrival_s == pytest.approx(20.0)
+
+
+def test_the_inter_token_guardrail_is_a_second_floor_beside_ttfts() -> None:
+    """A decode-heavy fleet meets its TTFT and misses its gaps as batches grow: itlSloSeconds raises on a
+    breach the other signals corroborate, holds near it, and the larger of the two floors wins."""
+    p = ScoringParams(ttft_slo_s=2.0, itl_slo_s=0.05)
+    assert slo_floor(0.5, 8, p, itl_quantile_s=0.07) == pytest.approx(10.0)  # TTFT fine, gaps breached
+    assert slo_floor(0.5, 8, p, itl_quantile_s=0.045) == pytest.approx(8.0)  # near: hold
+    assert slo_floor(0.5, 8, p, itl_quantile_s=0.02) is None
+    assert slo_floor(0.5, 8, p, signals=3.0, itl_quantile_s=0.07) == pytest.approx(8.0)  # slow at any batch
+    assert slo_floor(2.5, 8, p, itl_quantile_s=0.045) == pytest.approx(10.0)  # the larger floor
+    assert slo_floor(0.5, 8, ScoringParams(ttft_slo_s=2.0), itl_quantile_s=9.0) is None  # no ITL SLO: off
+    busy = [ReplicaInput(waiting=0, running=100, kv_usage=0.7) for _ in range(8)]
+    c = composite(busy, p, ttft_quantile_s=0.5, itl_quantile_s=0.07)
+    assert c.value == pytest.approx(10.0) and c.dominant == "slo"
+    assert composite(busy, p, ttft_quantile_s=0.5, itl_quantile_s=0.02).value < 8

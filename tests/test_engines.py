@@ -266,7 +266,12 @@ vllm:num_requests_running{engine="1",model_name="m"} 0
 vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0
 vllm:engine_sleep_state{engine="1",model_name="m",sleep_state="awake"} 1
 """
-    assert read_replica(text).sleep_level == 1  # the pod's deepest engine
+    # one engine asleep beside an awake one (two Ray replicas on a node): the pod serves, it is not asleep
+    assert read_replica(text).sleep_level == 0
+    both = text.replace(
+        'engine="1",model_name="m",sleep_state="awake"} 1', 'engine="1",model_name="m",sleep_state="awake"} 0'
+    )
+    assert read_replica(both).sleep_level == 1
 
 
 # Made by SGLang 0.5.23's own collectors and HTTP middleware counters (scripts/make_fixtures).
@@ -361,12 +366,16 @@ def test_vllm_5xx_beside_the_admission_counter_are_faults() -> None:
     assert {c for c, _, _ in r.counter_series} >= {"faults", "-faults", "rejects"}
 
 
-def test_vllm_5xx_without_the_admission_counter_are_refusals_less_the_errored() -> None:
+def test_vllm_5xx_without_the_admission_counter_are_all_refusals_and_the_errored_are_faults() -> None:
+    """Before vLLM's admission counter every generation 5xx reads as a refusal, as in 0.2.0: a request that
+    ends in error while streaming was answered 200 and is in no 5xx, so taking the errored out of the 5xx
+    would hide real refusals (over-reading rejects is the safer error)."""
     text = "\n".join(
         ln for ln in fixture_text("vllm_v0.34.0_capacity-and-deferred.txt").splitlines() if "admission" not in ln
     )
     r = read_replica(text + "\n" + _HTTP.format(status="5xx", n=7))
-    assert (r.rejects_total, r.faults_total) == (5, 2)  # 7 answered 5xx, 2 of them errored requests
+    assert (r.rejects_total, r.faults_total) == (7, 2)
+    assert r.finished_total == 40 and r.admitted_total == 36  # every finish reason left the engine
 
 
 def test_sglang_0523_aborted_and_failed_requests_are_not_admitted_and_500s_are_faults() -> None:

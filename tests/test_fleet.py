@@ -242,3 +242,43 @@ def test_engine_faults_and_inter_token_latency_reach_the_evaluation() -> None:
     ev = fleet.evaluate(2.0)
     assert ev.fault_rate == pytest.approx(6 / 2.0)
     assert ev.itl_p95_s is not None and 0.0 < ev.itl_p95_s < 1.0
+
+
+def test_the_demand_counts_aborted_and_errored_requests_as_arrived() -> None:
+    """Admitted leaves out the requests a client gave up on and the ones that failed; the demand must not:
+    they arrived, and under overload (when clients time out) most of all."""
+    from keda_llm_scaler.engines import read_replica
+    from tests.conftest import fixture_text
+
+    text = fixture_text("vllm_v0.34.0_capacity-and-deferred.txt")  # 40 finished: 36 served, 2 aborted, 2 errored
+    fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=2.0)
+    seen = _seen_by_demand(fleet, "finished_total")
+    fleet.update(0.0, [Observation("pod", read_replica(text))])
+    assert seen == [40.0]
+    sg = fixture_text("sglang_v0.5.23_aborts-and-500s.txt")  # 40 finished: 30 served, 2 refused, 3 failed, 5 aborted
+    fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=2.0)
+    seen = _seen_by_demand(fleet, "finished_total")
+    fleet.update(0.0, [Observation("pod", read_replica(sg))])
+    assert seen == [38.0]  # the refused are counted by the demand as refused, not twice
+
+
+def test_a_counter_whose_series_are_gone_for_a_scrape_keeps_its_total() -> None:
+    """An SGLang container restarts at the same address: its 503 series comes back only at the next 503, and
+    meanwhile the family's presence reads 0 refusals. That raw 0 mixed with the running total read as a
+    reset, and the next 51 as 51 new refusals (8.5/s for a true 0.17/s)."""
+    fleet = FleetState(ScoringParams(), stale_after=15.0, scrape_interval=2.0)
+    for t, finished, refused in ((0.0, 900, 50), (2.0, 910, 50)):
+        fleet.update(t, [Observation("pod", _sglang_pod(finished, refused))])
+    restarted = _sglang_pod(5, 0).__class__  # (the same class: a payload with no 503 series)
+    from keda_llm_scaler.engines import read_replica
+
+    no_503_yet = read_replica(
+        "sglang:num_queue_reqs 0\nsglang:num_running_reqs 8\nsglang:token_usage 0.4\n"
+        'sglang:num_requests_total{model_name="m"} 5\n'
+        'sglang:http_responses_total{endpoint="/generate",method="POST",status_code="200"} 5\n'
+    )
+    assert isinstance(no_503_yet, restarted) and no_503_yet.rejects_total == 0.0
+    fleet.update(4.0, [Observation("pod", no_503_yet)])
+    fleet.update(6.0, [Observation("pod", _sglang_pod(12, 1))])
+    rate = fleet.evaluate(6.0).replicas[0].reject_rate
+    assert rate == pytest.approx(1 / 6.0)

@@ -40,6 +40,7 @@ def test_defaults_are_the_documented_values_from_one_source() -> None:
         "targetQueueDepth": 5.0,
         "targetUtilization": 0.9,
         "ttftSloQuantile": 0.95,
+        "itlSloQuantile": 0.95,
         "demandWindow": 300.0,
         "startupBudgetSeconds": 900.0,
         "activationThreshold": 0.0,
@@ -93,6 +94,7 @@ def test_the_key_is_every_field() -> None:
             "staleAfter": "60",
             "workloadClass": "batch",
             "endpoints": "http://10.0.0.8:8000",
+            "gatewayMetricsUrl": "http://10.0.0.9:9090",
         },
     )
     for f in dataclasses.fields(cfg):
@@ -238,9 +240,12 @@ def test_the_demand_keys_are_validated_naming_the_key() -> None:
             "startupSeconds": "240",
             "ttftSloSeconds": "2",
             "ttftSloQuantile": "0.99",
+            "itlSloSeconds": "0.05",
+            "itlSloQuantile": "0.9",
             "demandWindow": "600",
         },
     )
+    assert (cfg.scoring.itl_slo_s, cfg.scoring.itl_slo_quantile) == (0.05, 0.9)
     s = cfg.scoring
     assert (
         s.target_utilization,
@@ -267,6 +272,9 @@ def test_the_demand_keys_are_validated_naming_the_key() -> None:
         ("startupSeconds", "inf"),
         ("ttftSloSeconds", "fast"),
         ("ttftSloQuantile", "1"),
+        ("itlSloSeconds", "0"),
+        ("itlSloSeconds", "inf"),
+        ("itlSloQuantile", "0.1"),
         ("demandWindow", "5"),
     ):
         with pytest.raises(BadMetadata) as err:
@@ -277,6 +285,7 @@ def test_the_demand_keys_are_validated_naming_the_key() -> None:
     slow = parse_trigger("ns", "so", {**base, "scrapeInterval": "300", "scrapeTimeout": "2"})
     assert slow.scoring.demand_window_s == 900.0  # the default stretches to 3 bins rather than failing
     assert any("ttftSloSeconds" in h for h in metadata_hints({**base, "ttftSloQuantile": "0.9"}))
+    assert any("itlSloSeconds" in h for h in metadata_hints({**base, "itlSloQuantile": "0.9"}))
 
 
 @pytest.mark.parametrize("port", ["¹", "٨٠٠٠", "\uff18\uff10\uff10\uff10", "0", "65536", "+80", " 80 x", "1e3"])

@@ -191,3 +191,23 @@ def test_alerts_use_only_exported_metrics(exposition: str, tmp_path: Path) -> No
     exprs = " ".join(r["expr"] for g in rules["groups"] for r in g["rules"])
     used = set(re.findall(r"\bllm_scaler_[a-z0-9_]+", exprs))
     assert used <= _exported_names(exposition), used - _exported_names(exposition)
+
+
+def _families_read() -> set[str]:
+    from keda_llm_scaler.engines import ADAPTERS
+    from keda_llm_scaler.gateway import DEFAULT_GATEWAY_FAMILIES
+
+    names = set(DEFAULT_GATEWAY_FAMILIES)
+    for adapter in ADAPTERS.values():
+        for n in adapter.sample_names.names:
+            base = re.sub(r"_(bucket|count|sum)$", "", n)
+            # a histogram's parts name the family; a counter whose name ends so is itself the family
+            names.add(base if f"{base}_bucket" in adapter.sample_names.names else n)
+    return names
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/metrics.md"])
+def test_every_family_the_readers_ask_for_is_documented(doc: str) -> None:
+    text = (ROOT / doc).read_text()
+    missing = sorted(n for n in _families_read() if f"`{n}`" not in text and f"`{n}{{" not in text)
+    assert not missing, f"{doc} does not name: {missing}"

@@ -36,6 +36,7 @@ replica = st.builds(
     reject_rate=st.one_of(st.none(), st.floats(0, 100)),
     admitted_rate=st.one_of(st.none(), st.floats(0, 100)),
     expired=st.booleans(),
+    asleep=st.booleans(),
 )
 
 
@@ -279,3 +280,22 @@ def test_a_fleet_all_asleep_without_demand_is_idle_and_asks_to_wake_none() -> No
     # an expired replica's last reading said asleep: it counts at target for lack of data, as any expired one
     c = composite([dataclasses.replace(asleep, expired=True), ReplicaInput(waiting=0, running=4, kv_usage=0.4)], P)
     assert c.asleep == 0 and c.replicas == 2
+
+
+def test_an_asleep_replica_is_never_where_the_need_goes_missing() -> None:
+    """What an independent review found in the first cut: every member asleep read idle whatever the
+    arrivals, an asleep replica beside expired ones made the fleet UNAVAILABLE, an asleep replica showing
+    work was ignored, and starting replicas beside asleep ones let the composite fall below the members."""
+    asleep = ReplicaInput(waiting=0, running=0, kv_usage=0.0, reject_rate=0.0, admitted_rate=0.0, asleep=True)
+    # arrivals counted a second ago, 30 req/s against 12 per replica: the asleep members are asked to wake
+    demand = dataclasses.replace(_estimate(30.0, 12.0), since_arrival_s=1.0)
+    c = composite([asleep, asleep, asleep], P, demand=demand)
+    assert c.value == pytest.approx(30.0 / (12.0 * 0.9), rel=1e-3) and c.wake == 3 and c.dominant == "rate"
+    # one asleep replica that answers, beside one that stopped answering: data, not UNAVAILABLE
+    assert composite([asleep, ReplicaInput(expired=True)], P).value >= 1.0
+    # asleep but with work waiting (a wake under way): read as it shows
+    busy_asleep = dataclasses.replace(asleep, waiting=20.0, reject_rate=5.0)
+    assert composite([busy_asleep], P).value == composite([dataclasses.replace(busy_asleep, asleep=False)], P).value
+    # saturated awake pair, two asleep, two starting: the HPA never asks for fewer than the six members
+    sat = ReplicaInput(waiting=50, running=30, kv_usage=1.0, reject_rate=5.0, admitted_rate=10.0)
+    assert math.ceil(composite([sat, sat, asleep, asleep], P, incoming=2).value) >= 6  # the HPA asks ceil

@@ -254,3 +254,34 @@ def test_replay_refuses_bad_workload_options(argv: list[str], message: str, tmp_
     )
     assert out.returncode == 2, out.stderr
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_replay_measures_each_requests_gaps_and_the_decode_slo(short_trace: Path) -> None:
+    """Each streamed request's mean gap between tokens is measured; with --slo-itl the share within it is
+    reported, and the composite given it as itlSloSeconds holds more replicas where the gaps breach it."""
+    trace = scale_rate(load_trace(short_trace), 6)
+    loose = simulate(trace, RunConfig(slo_itl_s=10.0)).summary
+    assert loose["itl_attainment"] == pytest.approx(1.0)
+    gaps = loose["itl_p95_s"]
+    assert gaps is not None and 0.0 < gaps < 1.0 and loose["itl_p50_s"] <= gaps
+    # an SLO at the p50 of the gaps the fleet gave: about half meet it, and the composite told so grows
+    told = simulate(trace, RunConfig(slo_itl_s=loose["itl_p50_s"])).summary
+    blind = simulate(trace, RunConfig(slo_itl_s=loose["itl_p50_s"], composite_slo=False)).summary
+    assert blind["itl_attainment"] < 0.75
+    assert told["gpu_hours"] > blind["gpu_hours"] and told["itl_attainment"] > blind["itl_attainment"]
+    assert simulate(trace, RunConfig()).summary["itl_attainment"] is None  # no SLO: no attainment
+
+
+def test_replay_cli_prints_the_decode_slo(short_trace: Path) -> None:
+    out = subprocess.run(
+        [EXE, "replay", "--trace", str(short_trace), "--rate-scale", "3", "--slo-itl", "0.2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "ITL attainment" in out.stdout and "(TPOT <= 200 ms)" in out.stdout
+    bad = subprocess.run(
+        [EXE, "replay", "--trace", str(short_trace), "--slo-itl", "0"], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "--slo-itl" in bad.stderr

@@ -157,3 +157,31 @@ def test_signals_look_like_a_vllm_scrape() -> None:
     assert s.ttft is not None
     assert s.ttft.count == sum(1 for r in reqs if r.first_token_at is not None) > 0
     assert s.ttft.buckets[-1][1] == s.ttft.count
+
+
+def test_the_inter_token_histogram_counts_each_streams_gap_per_step() -> None:
+    """Every step a stream decodes in is one gap of that step's length (vLLM observes one per stream per
+    step); a run of decode-only steps is counted in closed form, and must agree with the steps one by one."""
+    from keda_llm_scaler.sim.replica import ITL_BUCKETS
+
+    rep = SimReplica(PROFILES["70b-h100x2"])
+    rep.submit(Request(i, 0.0, 200, 400) for i in range(12))
+    rep.advance(60.0)
+    itl = rep.signals().itl
+    assert itl is not None and itl.buckets[-1][0] == float("inf")
+    done = rep.finished
+    assert len(done) == 12
+    # each request gave output - 1 gaps (its first token is no gap)
+    assert itl.count == sum(r.output - 1 for r in done)
+    mean_gap = itl.sum / itl.count
+    assert mean_gap == pytest.approx(sum(r.finished_at - r.first_token_at for r in done) / itl.count, rel=0.05)
+    # closed form against brute force on a run of growing steps
+    fresh = SimReplica(PROFILES["8b-h100"])
+    n, d, a, b = 500, 7, 9.0, 0.03
+    fresh._observe_decode_gaps(n, d, a, b, (n * a + b * n * (n - 1) / 2) / 1000)
+    brute = [0] * len(ITL_BUCKETS)
+    from bisect import bisect_left
+
+    for j in range(n):
+        brute[bisect_left(ITL_BUCKETS, (a + b * j) / 1000)] += d
+    assert fresh._itl_counts == brute

@@ -101,6 +101,8 @@ class SglangAdapter:
             preemptions_total=counter_sum(retractions),
             rejects_total=rejects,
             admitted_total=admitted,
+            # what left the engine once let in, served or not: the finished less the refused
+            finished_total=None if finished_total is None else max(0.0, finished_total - (rejects or 0.0)),
             faults_total=faults,
             prompt_tokens_total=counter_sum(prompt),
             generation_tokens_total=counter_sum(generation),
@@ -110,6 +112,8 @@ class SglangAdapter:
                 *counter_parts("faults", failures),
                 *counter_parts("admitted", finished),
                 *counter_parts(DEDUCTED + "admitted", [*answered_5xx, *aborted]),
+                *counter_parts("finished", finished),
+                *counter_parts(DEDUCTED + "finished", refusals),
                 *counter_parts("prompt_tokens", prompt),
                 *counter_parts("generation_tokens", generation),
             ),

@@ -96,8 +96,10 @@ def _rejects_and_faults(
     """(rejects, faults, their counter parts). Every 5xx of a generation handler is a refusal at admission
     (503) or a fault: a request finished in error (500), or an engine that failed outright. With vLLM's
     admission counter the refusals are known and the rest of the 5xx are faults; without it (before it
-    existed) the 5xx less the errored requests are the refusals. No HTTP family (a frontend that is not
-    vLLM's, Ray Serve's): the errored requests alone are the faults."""
+    existed) every 5xx is read as a refusal, as 0.2.0 did: a request that ends in error while streaming was
+    answered 200 and is in no 5xx, so taking the errored out would hide refusals, and a reject over-read is
+    the safer error. The errored requests are the faults then, and without the HTTP family (a frontend
+    that is not vLLM's, Ray Serve's)."""
     http = [s for s in samples.get(HTTP_REQUESTS, ()) if _is_generation_handler(s)]
     # the family exists: its 5xx series is created at the first one, so none yet means 0
     http_5xx = [s for s in http if s.labels.get("status") == "5xx"]
@@ -111,9 +113,8 @@ def _rejects_and_faults(
             parts, faults = counter_parts("faults", errored), errors
         return counter_sum(admission), faults, [*counter_parts("rejects", admission), *parts]
     if http:
-        rejects = max(0.0, sum(s.value for s in http_5xx) - (errors or 0.0))
-        parts = [*counter_parts("rejects", http_5xx), *counter_parts(DEDUCTED + "rejects", errored)]
-        return rejects, errors, [*parts, *counter_parts("faults", errored)]
+        rejects = sum(s.value for s in http_5xx)
+        return rejects, errors, [*counter_parts("rejects", http_5xx), *counter_parts("faults", errored)]
     return None, errors, counter_parts("faults", errored)
 
 
@@ -161,10 +162,13 @@ class VllmAdapter:
             engines,
             models=tuple(sorted({m for s in samples.get(WAITING, ()) if (m := flt.model_of(s))})),
             deferred=math.fsum(deferred.values()) if deferred else None,
-            sleep_level=max(sleep_levels.values()) if sleep_levels else None,
+            # a pod is asleep when every engine of it is (one vLLM sets all of its engines at once; a Ray node's
+            # export holds several replicas, and one asleep beside an awake one leaves the node serving)
+            sleep_level=min(sleep_levels.values()) if sleep_levels else None,
             preemptions_total=counter_sum(preemptions),
             rejects_total=rejects,
             admitted_total=counter_sum(success),
+            finished_total=counter_sum(finished),
             faults_total=faults,
             prompt_tokens_total=counter_sum(prompt),
             generation_tokens_total=counter_sum(generation),
@@ -172,6 +176,7 @@ class VllmAdapter:
                 *counter_parts("preemptions", preemptions),
                 *outcome_parts,
                 *counter_parts("admitted", success),
+                *counter_parts("finished", finished),
                 *counter_parts("prompt_tokens", prompt),
                 *counter_parts("generation_tokens", generation),
             ),

@@ -246,10 +246,14 @@ POLICIES: Final[dict[str, tuple[str, float, tuple[float, ...]]]] = {
 
 
 def make_policy(
-    name: str, knob: float | None = None, ttft_slo_s: float | None = None, ttft_slo_quantile: float | None = None
+    name: str,
+    knob: float | None = None,
+    ttft_slo_s: float | None = None,
+    ttft_slo_quantile: float | None = None,
+    itl_slo_s: float | None = None,
 ) -> Policy:
-    """``ttft_slo_s``/``ttft_slo_quantile``: the composite's ``ttftSloSeconds``/``ttftSloQuantile`` (None: the
-    scaler's default; the other policies know no SLO)."""
+    """``ttft_slo_s``/``ttft_slo_quantile``/``itl_slo_s``: the composite's ``ttftSloSeconds``/
+    ``ttftSloQuantile``/``itlSloSeconds`` (None: the scaler's default; the other policies know no SLO)."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     knob_name, default, _ = POLICIES[name]
@@ -257,7 +261,7 @@ def make_policy(
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name}: {knob_name} must be > 0")
     if name == "composite":
-        params = dataclasses.replace(ScoringParams(), ttft_slo_s=ttft_slo_s)
+        params = dataclasses.replace(ScoringParams(), ttft_slo_s=ttft_slo_s, itl_slo_s=itl_slo_s)
         if ttft_slo_quantile is not None:
             params = dataclasses.replace(params, ttft_slo_quantile=ttft_slo_quantile)
         return CompositePolicy(name, value, knob_name, params=params)

@@ -116,10 +116,18 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
         help="TTFT SLO in seconds, measured, and given to the composite as ttftSloSeconds (default 2)",
     )
     f.add_argument(
+        "--slo-itl",
+        type=float,
+        default=None,
+        help="inter-token latency SLO in seconds: a request meets it when its mean gap between tokens (TPOT) "
+        "is at most this; measured (itl_attainment), and given to the composite as itlSloSeconds "
+        "(default: none; the gaps' p50/p95 are reported anyway)",
+    )
+    f.add_argument(
         "--no-composite-slo",
         dest="composite_slo",
         action="store_false",
-        help="the composite runs without ttftSloSeconds (to show what the SLO guardrail does)",
+        help="the composite runs without ttftSloSeconds and itlSloSeconds (to show what the SLO guardrails do)",
     )
     f.add_argument(
         "--hpa-behavior",
@@ -192,6 +200,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--node-provision-s must be >= 0")
     if not (args.slo_ttft > 0 and math.isfinite(args.slo_ttft)):
         raise ValueError("--slo-ttft must be > 0")
+    if args.slo_itl is not None and not (args.slo_itl > 0 and math.isfinite(args.slo_itl)):
+        raise ValueError("--slo-itl must be > 0")
     if args.min_replicas < 1:
         raise ValueError(
             "--min-replicas must be >= 1: the simulator has no KEDA activation path (scale from "
@@ -209,12 +219,22 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("static: --knob is a whole number of replicas")
 
 
+def _itl_words(s: dict[str, Any]) -> str:
+    """The decode side of a summary line: the attainment when an ITL SLO was set, the gaps' p95 always."""
+    p95 = s.get("itl_p95_s")
+    gaps = "ITL p95 -" if p95 is None else f"ITL p95 {1000 * p95:.0f} ms" if math.isfinite(p95) else "ITL p95 inf"
+    if s.get("itl_attainment") is None:
+        return gaps
+    return f"ITL attainment {s['itl_attainment']:.2%} (TPOT <= {1000 * s['slo_itl_s']:g} ms), {gaps}"
+
+
 def _config(args: argparse.Namespace, policy: str, knob: float | None) -> RunConfig:
     return RunConfig(
         policy=policy,
         knob=knob,
         profile=args.profile,
         slo_ttft_s=args.slo_ttft,
+        slo_itl_s=args.slo_itl,
         min_replicas=args.min_replicas,
         max_replicas=args.max_replicas,
         cold_start_s=args.cold_start,
@@ -318,7 +338,8 @@ def _one(args: argparse.Namespace) -> int:
         print(
             f"{s['policy']} ({s['knob']}={s['knob_value']:g}) on {s['profile']}, {s['requests']} requests: "
             f"SLO attainment {s['slo_attainment']:.2%} (TTFT <= {s['slo_ttft_s']:g}s), TTFT p95 "
-            f"{s['ttft_p95_s']:.2f}s, {s['gpu_hours']:.1f} GPU-h, replicas mean {s['mean_replicas']:.1f} "
+            f"{s['ttft_p95_s']:.2f}s, {_itl_words(s)}, {s['gpu_hours']:.1f} GPU-h, "
+            f"replicas mean {s['mean_replicas']:.1f} "
             f"max {s['max_replicas']}, {s['scale_events']} scale events, {s['streams_cut']} streams cut "
             f"({s['routing']} routing); {s['victims']} victims: {s['scale_down_events']} scale-downs removed "
             f"{s['victims_removed']} ready pods ({s['victims_idle']} idle), streams cut per scale-down "

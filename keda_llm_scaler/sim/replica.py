@@ -25,7 +25,7 @@ from typing import Final
 from keda_llm_scaler.signals import EngineSignals, Histogram, ReplicaSignals
 from keda_llm_scaler.sim.profiles import Profile
 
-__all__ = ["QUEUE_TIME_BUCKETS", "REJECTED", "TTFT_BUCKETS", "Request", "SimReplica"]
+__all__ = ["ITL_BUCKETS", "QUEUE_TIME_BUCKETS", "REJECTED", "TTFT_BUCKETS", "Request", "SimReplica"]
 
 # vLLM V1 bucket layouts (vllm/v1/metrics/loggers.py)
 TTFT_BUCKETS: Final = (
@@ -51,6 +51,29 @@ TTFT_BUCKETS: Final = (
     160.0,
     640.0,
     2560.0,
+    math.inf,
+)
+# the gap between two tokens of a stream: one decode step, as the engine observes it once per stream
+ITL_BUCKETS: Final = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
     math.inf,
 )
 QUEUE_TIME_BUCKETS: Final = (
@@ -156,6 +179,8 @@ class SimReplica:
         self._ttft_sum = 0.0
         self._queue_counts = _bucket_counts(QUEUE_TIME_BUCKETS)
         self._queue_sum = 0.0
+        self._itl_counts = _bucket_counts(ITL_BUCKETS)
+        self._itl_sum = 0.0
         self.finished: list[Request] = []  # drained by the fleet after each advance
 
     # -- what a scrape sees ----------------------------------------------------------------------
@@ -198,6 +223,7 @@ class SimReplica:
             generation_tokens_total=float(self.generation_tokens_total),
             ttft=hist(self._ttft_counts, TTFT_BUCKETS, self._ttft_sum),
             queue_time=hist(self._queue_counts, QUEUE_TIME_BUCKETS, self._queue_sum),
+            itl=hist(self._itl_counts, ITL_BUCKETS, self._itl_sum),
         )
 
     # -- input -----------------------------------------------------------------------------------
@@ -315,6 +341,9 @@ class SimReplica:
                 prefill_tokens += chunk
                 attention += chunk * (r.prefilled + chunk / 2)
         dt = p.step_ms(prefill_tokens, decoding, self.context, attention) / 1000.0
+        if decoding:  # each stream decoding waited this step for its next token
+            self._itl_counts[bisect_left(ITL_BUCKETS, dt)] += decoding
+            self._itl_sum += decoding * dt
         self.clock += dt
         self.busy_s += dt
         self.steps += 1
@@ -397,6 +426,7 @@ class SimReplica:
             n_time = math.ceil(budget_ms / a)
         n = max(1, min(n, n_time))
         dt = (n * a + b * n * (n - 1) / 2.0) / 1000.0
+        self._observe_decode_gaps(n, d, a, b, dt)
         self.clock += dt
         self.busy_s += dt
         self.steps += n
@@ -405,6 +435,21 @@ class SimReplica:
         self.context += n * d
         if self._heap and self._heap[0][0] <= self.step_no:
             self._finish_decoders()
+
+    def _observe_decode_gaps(self, n: int, d: int, a_ms: float, b_ms: float, dt: float) -> None:
+        """n steps of a + b*j ms (j = 0..n-1), each a gap for every one of the d streams: counted per
+        bucket in closed form (the steps' lengths only grow), never step by step."""
+        below = 0  # steps no longer than the previous bound
+        for k, bound in enumerate(ITL_BUCKETS):
+            if math.isinf(bound):
+                upto = n
+            elif b_ms > 0:
+                upto = min(n, max(0, math.floor((bound * 1000.0 - a_ms) / b_ms) + 1))
+            else:
+                upto = n if a_ms <= bound * 1000.0 else 0
+            self._itl_counts[k] += d * (upto - below)
+            below = upto
+        self._itl_sum += d * dt
 
     # -- shutdown --------------------------------------------------------------------------------
     def cut_all(self, now: float) -> list[Request]:

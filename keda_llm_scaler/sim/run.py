@@ -54,6 +54,9 @@ class RunConfig:
     knob: float | None = None
     profile: str = "70b-h100x4"
     slo_ttft_s: float = 2.0
+    # the decode SLO: a request meets it when its mean gap between tokens (its TPOT) is at most this; None:
+    # not measured against one (the per-request gaps are still reported)
+    slo_itl_s: float | None = None
     min_replicas: int = 1
     max_replicas: int = 64
     initial_replicas: int | None = None  # None: what the first five minutes need at SLO capacity
@@ -67,7 +70,9 @@ class RunConfig:
     warm_nodes: int | None = None  # None: every pod finds a node at once
     node_provision_s: float = 0.0
     seed: int = 0
-    composite_slo: bool = True  # the composite is given slo_ttft_s as ttftSloSeconds, as a user with an SLO would
+    # the composite is given slo_ttft_s as ttftSloSeconds (and slo_itl_s as itlSloSeconds), as a user with
+    # an SLO would
+    composite_slo: bool = True
     keep_requests: bool = False
 
 
@@ -211,9 +216,14 @@ def capacity_at_slo(
 class _Accumulator:
     """What a finished request leaves behind: counts, TTFT histograms (whole run, per 10 s of arrival)."""
 
-    def __init__(self, slo_ttft_s: float, keep: bool) -> None:
+    def __init__(self, slo_ttft_s: float, keep: bool, slo_itl_s: float | None = None) -> None:
         self.slo = slo_ttft_s
+        self.slo_itl = slo_itl_s
         self.ttft = TtftHistogram()
+        # each streamed request's mean gap between tokens (TPOT); one that never finished its answer (cut,
+        # refused, failed) counts as +inf: it did not get its tokens in time
+        self.itl = TtftHistogram()
+        self.itl_met = 0
         self.met = 0
         self.rejected = 0
         self.failed = 0
@@ -259,6 +269,11 @@ class _Accumulator:
     def add(self, r: Request) -> None:
         ttft = r.ttft
         self.ttft.add(ttft)
+        if r.output > 1:  # a one-token answer has no gap
+            tpot = request_tpot(r)
+            self.itl.add(tpot)
+            if tpot is not None and (self.slo_itl is None or tpot <= self.slo_itl):
+                self.itl_met += 1
         if ttft is None:
             self.failed += 1
             if r.state == REJECTED:
@@ -272,6 +287,13 @@ class _Accumulator:
         hist.add(ttft)
         if self.kept is not None:
             self.kept.append(r)
+
+
+def request_tpot(r: Request) -> float | None:
+    """A finished request's mean gap between two of its tokens (None: it never finished its answer)."""
+    if r.finished_at is None or r.first_token_at is None or r.output <= 1 or r.generated < r.output:
+        return None
+    return max(0.0, r.finished_at - r.first_token_at) / (r.output - 1)
 
 
 def _arrivals(workload: Workload) -> Iterator[Request]:
@@ -289,6 +311,7 @@ def simulate(
         cfg.policy,
         cfg.knob,
         ttft_slo_s=cfg.slo_ttft_s if cfg.composite_slo else None,
+        itl_slo_s=cfg.slo_itl_s if cfg.composite_slo else None,
     )
     end = workload.duration_s
     cold_mean = profile.cold_start_mean_s if cfg.cold_start_s is None else cfg.cold_start_s
@@ -332,7 +355,7 @@ def simulate(
         fleet.add(0.0, ready=True)
     hpa.warm_start(0.0, initial)
 
-    acc = _Accumulator(cfg.slo_ttft_s, cfg.keep_requests)
+    acc = _Accumulator(cfg.slo_ttft_s, cfg.keep_requests, cfg.slo_itl_s)
     arrivals = _arrivals(workload)
     upcoming = next(arrivals, None)
     recent: deque[int] = deque(maxlen=int(60 / TIMELINE_EVERY_S))  # arrivals per 10 s, the last minute
@@ -434,6 +457,11 @@ def simulate(
         "ttft_p50_s": acc.ttft.quantile(0.50),
         "ttft_p95_s": acc.ttft.quantile(0.95),
         "ttft_p99_s": acc.ttft.quantile(0.99),
+        # the decode side: each streamed request's mean gap between tokens, and the share within slo_itl_s
+        "slo_itl_s": cfg.slo_itl_s,
+        "itl_attainment": acc.itl_met / acc.itl.total if acc.itl.total and cfg.slo_itl_s is not None else None,
+        "itl_p50_s": acc.itl.quantile(0.50),
+        "itl_p95_s": acc.itl.quantile(0.95),
         "failed": acc.failed,
         "rejected": acc.rejected,
         "gpu_hours": gpu_hours,

@@ -66,6 +66,15 @@ class Pods:
         r.raise_for_status()
 
 
+def scaled_object_active(api: Api, namespace: str, name: str) -> str | None:
+    """The ScaledObject's ``Active`` condition ("True", "False"), None before KEDA sets it."""
+    so = api.get("keda.sh/v1alpha1", "ScaledObject", namespace, name) or {}
+    for c in (so.get("status") or {}).get("conditions", []):
+        if c["type"] == "Active":
+            return str(c["status"])
+    return None
+
+
 def scaler_metric(name: str, url: str | None = None, **labels: str) -> float | None:
     text = httpx.get(url or os.environ["KLS_SCALER_METRICS"], timeout=10).text
     for family in text_string_to_metric_families(text):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from keda_llm_scaler.controlplane.api import Api
-from tests.e2e.kube import Fleet, Pods, eventually
+from tests.e2e.kube import Fleet, Pods, eventually, scaled_object_active
 
 POLLING_S = 300
 
@@ -33,18 +33,13 @@ def test_batch_fleet_at_zero_wakes_through_the_push_stream(api: Api, pods: Pods,
     fleet.scaled_object(meta, trigger="external-push", min_replicas=0, max_replicas=4, polling_s=5,
                         cooldown_s=10)  # fmt: skip
 
-    def active() -> str | None:
-        so = api.get("keda.sh/v1alpha1", "ScaledObject", ns, "vllm") or {}
-        for c in (so.get("status") or {}).get("conditions", []):
-            if c["type"] == "Active":
-                return str(c["status"])
-        return None
-
-    eventually(lambda: active() == "False", 60, "the idle batch fleet inactive")
+    eventually(lambda: scaled_object_active(api, ns, "vllm") == "False", 60, "the idle batch fleet inactive")
     # KEDA restarts the scale loop on a spec change: one immediate poll (inactive), the next in 300 s
     api.patch("keda.sh/v1alpha1", "ScaledObject", ns, "vllm", {"spec": {"pollingInterval": POLLING_S}})
     time.sleep(5)
-    assert active() == "False", "still inactive after the restarted scale loop's first poll"
+    assert scaled_object_active(api, ns, "vllm") == "False", (
+        "still inactive after the restarted scale loop's first poll"
+    )
     assert fleet.spec_replicas() == 0, "an idle batch fleet stays at zero"
 
     start = time.monotonic()
@@ -52,5 +47,5 @@ def test_batch_fleet_at_zero_wakes_through_the_push_stream(api: Api, pods: Pods,
     eventually(lambda: fleet.spec_replicas() >= 1, 60, "KEDA wakes the Deployment from zero")
     woke_s = time.monotonic() - start
     assert woke_s < POLLING_S / 5, f"woke after {woke_s:.0f}s: a poll, not the push"
-    assert active() == "True"
+    assert scaled_object_active(api, ns, "vllm") == "True"
     eventually(lambda: len([p for p in pods.of(ns, "vllm") if p["ready"]]) >= 2, 60, "the woken pod serving")
