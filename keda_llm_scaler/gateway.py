@@ -67,10 +67,6 @@ class GatewaySpec:
         families, _, labels = channel.partition(" ")
         return cls(url, tuple(families.split("|")), parse_labels(labels))
 
-    def describe(self) -> str:
-        matchers = ",".join(f'{k}="{v}"' for k, v in self.labels)
-        return f"{self.families[0]}{{{matchers}}}"
-
 
 def parse_labels(text: str) -> tuple[tuple[str, str], ...]:
     """``name=value,name=value`` (values without commas or quotes), sorted by name. ValueError names the
