@@ -20,10 +20,14 @@ def activity(cfg: TriggerConfig, snap: Snapshot | None, composite: Composite | N
     ``workloadClass: interactive`` (the default) is active whenever the snapshot lists a member in any
     phase (ready, starting, pending, failed_to_start), even without a composite: replicas exist, that is
     known, and an interactive path must not reach zero by idling (the next request would wait a whole
-    cold start). Otherwise (``batch``, or no member at all): composite > activationThreshold. None is
+    cold start), unless it is a burst pool of a fleet. Otherwise (``batch``, a burst pool, or no member at
+    all): composite > activationThreshold. None is
     "no answer" (UNAVAILABLE): missing data is never reported as inactive. Pure.
     """
-    if cfg.workload_class == INTERACTIVE and snap is not None and snap.membership.members:
+    # a burst pool of a fleet is never the interactive path's last replica (its reserved pool is): it goes
+    # to zero when its share does, or it would keep one replica, and its bill, for as long as it has one
+    burst = cfg.pool is not None and not cfg.pool.reserved
+    if cfg.workload_class == INTERACTIVE and not burst and snap is not None and snap.membership.members:
         return True
     if composite is None:
         return None

@@ -178,6 +178,9 @@ class DemandEstimate:
     served_rps: float | None = None  # the highest rate one replica served healthily (a lower bound)
     # seconds since a scrape last counted an arrival anywhere in the fleet (None: none counted yet)
     since_arrival_s: float | None = None
+    # tokens (prompt + generated) served per second over the calm window, at the replicas that count them
+    # (None: none does); what a fleet's cost per million tokens divides by
+    tokens_rps: float | None = None
 
     @property
     def knee_known(self) -> bool:
@@ -792,6 +795,13 @@ class DemandTracker:
         rates = [(b.end, b.rate) for b in window]
         recent = [(t, r) for t, r in rates if t > now - c.calm_window_s] or [rates[-1]]
         offered = math.fsum(r for _, r in recent) / len(recent)
+        calm = [b for b in window if b.end > now - c.calm_window_s] or [window[-1]]
+        counted = [b for b in calm if b.token_requests > 0]
+        tokens_rps = (
+            math.fsum(b.prompt_tokens + b.generation_tokens for b in counted) / math.fsum(b.span for b in calm)
+            if counted
+            else None
+        )
         spread = _spread(recent)
         horizon, horizon_source = self.startup(startup_s)
         trend = [(t, r) for t, r in rates if t > now - c.trend_window_s]
@@ -813,4 +823,5 @@ class DemandTracker:
             startup_source=horizon_source,
             served_rps=self.served(now),
             since_arrival_s=None if self._last_arrival_t is None else max(0.0, now - self._last_arrival_t),
+            tokens_rps=tokens_rps,
         )

@@ -24,6 +24,7 @@ from keda_llm_scaler.engines import ENGINE_CHOICES
 from keda_llm_scaler.errors import BadMetadata, BadObjectName, quote_value
 from keda_llm_scaler.gateway import DEFAULT_GATEWAY_FAMILIES, POOL_LABEL, GatewaySpec, parse_labels, valid_family
 from keda_llm_scaler.policy import ScoringParams
+from keda_llm_scaler.pools import PoolSpec, parse_tier
 
 __all__ = [
     "DEFAULTS",
@@ -48,6 +49,10 @@ BATCH: Final = "batch"
 WORKLOAD_CLASSES: Final = (INTERACTIVE, BATCH)
 
 DISCOVERY_KEYS: Final = ("endpoints", "dnsName", "service")
+# a fleet of pools (``keda_llm_scaler.pools``): ScaledObjects of one namespace with the same ``fleet``
+POOL_KEYS: Final = ("fleet", "pool", "poolTier", "poolSize", "replicaCostPerHour")
+MAX_POOL_SIZE: Final = 100_000
+MAX_REPLICA_COST: Final = 1e6
 KNOWN_KEYS: Final = frozenset(
     {
         *DISCOVERY_KEYS,
@@ -77,6 +82,7 @@ KNOWN_KEYS: Final = frozenset(
         "gatewayLabels",
         "demandWindow",
         "workloadClass",
+        *POOL_KEYS,
     }
 )
 # Keys KEDA itself reads and forwards: never worth a hint.
@@ -132,6 +138,9 @@ class TriggerConfig:
     workload_class: str = INTERACTIVE  # a view parameter (in ``key``, not in ``fleet_key``)
     # where the requests held for this pool are read while it has no ready replica (gatewayMetricsUrl)
     gateway: GatewaySpec | None = None
+    # the pool of a fleet this ScaledObject scales (fleet, pool, poolTier, poolSize, replicaCostPerHour): a
+    # view parameter (in ``key``, not in ``fleet_key``): its answer is its share of the fleet's demand
+    pool: PoolSpec | None = None
 
     @property
     def key(self) -> tuple[object, ...]:
@@ -434,7 +443,44 @@ def parse_trigger(
         stale_after=stale_after,
         workload_class=_choice(meta, "workloadClass", WORKLOAD_CLASSES),
         gateway=_gateway(meta, name),
+        pool=_pool(meta, name),
     )
+
+
+def _pool(meta: Mapping[str, str], name: str) -> PoolSpec | None:
+    """fleet and the keys that describe this ScaledObject's pool in it: its name (pool, default the
+    ScaledObject's), its tier (poolTier: reserved | burst | 0-99, required), its size (poolSize: the
+    reserved pool's size, a burst pool's maximum; default the ScaledObject's maxReplicaCount where the
+    scaler can read it) and the price of one of its replicas (replicaCostPerHour)."""
+    fleet = meta.get("fleet", "").strip()
+    if not fleet:
+        for key in POOL_KEYS[1:]:
+            if meta.get(key, "").strip():
+                raise BadMetadata(key, "is set without fleet", "fleet: the name shared by the pools of one model")
+        return None
+    if len(fleet) > 63 or not _DNS1123_LABEL.fullmatch(fleet):
+        raise BadMetadata("fleet", f"{quote_value(fleet)} is not a fleet name", "a DNS-1123 label (a-z, 0-9, '-')")
+    pool = meta.get("pool", "").strip() or name
+    if len(pool) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(pool):
+        raise BadMetadata("pool", f"{quote_value(pool)} is not a pool name", "a DNS-1123 name (a-z, 0-9, '-', '.')")
+    raw_tier = meta.get("poolTier", "").strip()
+    if not raw_tier:
+        raise BadMetadata("poolTier", "is required with fleet", "reserved | burst | an order number 0-99")
+    try:
+        tier = parse_tier(raw_tier)
+    except ValueError:
+        raise BadMetadata("poolTier", f"{quote_value(raw_tier)} is not a tier", "reserved | burst | 0-99") from None
+    size: int | None = None
+    raw_size = meta.get("poolSize", "").strip()
+    if raw_size:
+        # ASCII digits only, as for port: str.isdigit() takes "¹" and "٢"
+        if not re.fullmatch(r"[0-9]{1,6}", raw_size) or int(raw_size) > MAX_POOL_SIZE:
+            raise BadMetadata(
+                "poolSize", f"{quote_value(raw_size)} is not a pool size", f"an integer 0-{MAX_POOL_SIZE}"
+            )
+        size = int(raw_size)
+    cost = _optional(meta, "replicaCostPerHour", 0.0, MAX_REPLICA_COST)
+    return PoolSpec(fleet=fleet, pool=pool, tier=tier, size=size, cost_per_hour=cost)
 
 
 def _gateway(meta: Mapping[str, str], name: str) -> GatewaySpec | None:

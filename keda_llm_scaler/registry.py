@@ -17,7 +17,7 @@ from keda_llm_scaler.kube import KubeClient
 from keda_llm_scaler.loops import ScrapeLoop
 from keda_llm_scaler.metadata import TriggerConfig, metadata_hints, parse_trigger
 from keda_llm_scaler.scrape import Scraper
-from keda_llm_scaler.target import CycleObserver, FleetWorker, ScrapeObserver, Target
+from keda_llm_scaler.target import CycleObserver, FleetGroup, FleetWorker, ScrapeObserver, Target
 
 __all__ = ["TargetRegistry", "TooManyTargets"]
 
@@ -66,6 +66,8 @@ class TargetRegistry:
         self._clock = clock
         self._targets: dict[tuple[object, ...], Target] = {}
         self._fleets: dict[tuple[object, ...], FleetWorker] = {}
+        # fleets of pools (the `fleet` trigger key), by (namespace, fleet): their pools' targets
+        self._groups: dict[tuple[str, str], FleetGroup] = {}
         # metadata -> config; also remembers which metadata we already logged hints for
         self._parsed: OrderedDict[bytes, tuple[TriggerConfig, int]] = OrderedDict()
         self._parsed_bytes = 0
@@ -86,6 +88,15 @@ class TargetRegistry:
             return cached[0]
         cfg = parse_trigger(namespace, name, metadata, allow_cross_namespace=self.allow_cross_namespace)
         make_resolver(cfg.discovery, self._kube, name)  # refuses Kubernetes discovery when not configured
+        if cfg.pool is not None and cfg.pool.reserved and cfg.pool.size is None and self._kube is None:
+            # a reserved pool fills up to its size: without poolSize it is the ScaledObject's
+            # maxReplicaCount, which only a scaler with Kubernetes access can read
+            raise BadMetadata(
+                "poolSize",
+                "a reserved pool needs its size, and this scaler has no Kubernetes access to read the "
+                "ScaledObject's maxReplicaCount (no in-cluster service account, --kubeconfig or --kube-api-url)",
+                "an integer >= 0: the reserved pool's size",
+            )
         for hint in metadata_hints(metadata):
             log.warning("metadata_hint", scaledobject=f"{namespace}/{name}", hint=hint)
         self._parsed[digest] = (cfg, size)
@@ -113,10 +124,13 @@ class TargetRegistry:
                     clock=self._clock,
                     scrape_loop=self._scrape_loop,
                     ranker=self._ranker,
+                    kube=self._kube,
                 )
                 self._fleets[cfg.fleet_key] = worker
             target = Target(cfg, worker, clock=self._clock)
             self._targets[cfg.key] = target
+            if cfg.pool is not None:
+                self._join_group(target, cfg.pool.fleet, cfg.pool.pool)
             target.start()
             log.info(
                 "target_registered",
@@ -130,6 +144,25 @@ class TargetRegistry:
             )
         target.touch()
         return target
+
+    def _join_group(self, target: Target, fleet: str, pool: str) -> None:
+        group = self._groups.get((target.cfg.namespace, fleet))
+        if group is None:
+            group = self._groups[(target.cfg.namespace, fleet)] = FleetGroup(target.cfg.namespace, fleet)
+        displaced = group.join(target)
+        if displaced is not None and displaced.cfg.name != target.cfg.name:
+            # a ScaledObject whose metadata changed replaces its own old target: only another one is a conflict
+            log.warning(
+                "pool_claimed_twice",
+                fleet=f"{target.cfg.namespace}/{fleet}",
+                pool=pool,
+                scaledobject=target.cfg.label,
+                displaced=displaced.cfg.label,
+                hint="two ScaledObjects of one fleet name the same pool; the most recently registered is the pool",
+            )
+
+    def groups(self) -> list[FleetGroup]:
+        return list(self._groups.values())
 
     def targets(self) -> list[Target]:
         return list(self._targets.values())
@@ -161,6 +194,11 @@ class TargetRegistry:
         gone = [self._targets.pop(key) for key in self._idle(now)]
         await asyncio.gather(*(t.stop() for t in gone))  # all at once: a thousand idle targets, one wait
         for target in gone:
+            group = target.group
+            if group is not None:
+                group.leave(target)
+                if group.empty:
+                    self._groups.pop((group.namespace, group.fleet), None)
             if not target.worker.views:  # its last view: the fleet's loop stops and its series go
                 self._fleets.pop(target.worker.key, None)
             log.info(
@@ -183,6 +221,7 @@ class TargetRegistry:
             await target.stop()
         self._targets.clear()
         self._fleets.clear()
+        self._groups.clear()
         with contextlib.suppress(Exception):
             await self._scrape_loop.run(self._scraper.aclose())
         if self._kube is not None:

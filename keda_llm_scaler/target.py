@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import math
 import time
@@ -36,18 +37,32 @@ from keda_llm_scaler.fleet import (
     ReplicaReport,
 )
 from keda_llm_scaler.gateway import GATEWAY_ENGINE
+from keda_llm_scaler.kube import KubeClient, KubeError
 from keda_llm_scaler.loops import ScrapeLoop, Spawned
-from keda_llm_scaler.membership import FAILED_TO_START, PENDING, Membership
+from keda_llm_scaler.membership import FAILED_TO_START, PENDING, READY, STARTING, Membership
 from keda_llm_scaler.metadata import MAX_DEMAND_WINDOW_S, TriggerConfig
 from keda_llm_scaler.policy import Composite
+from keda_llm_scaler.pools import PoolReading, PoolShare, PoolSpec, pool_reading
+from keda_llm_scaler.pools import split as split_fleet
 from keda_llm_scaler.scrape import Scraper, ScrapeResult
 
-__all__ = ["REPLICA_STATES", "FleetWorker", "ScrapeObserver", "Snapshot", "Target", "cycle_phase", "next_tick"]
+__all__ = [
+    "REPLICA_STATES",
+    "FleetGroup",
+    "FleetWorker",
+    "ScrapeObserver",
+    "Snapshot",
+    "Target",
+    "cycle_phase",
+    "next_tick",
+]
 
 log = structlog.get_logger(__name__)
 
 # a lasting discovery error (a 403, an API outage) is logged again after this long, not every cycle
 DISCOVERY_LOG_EVERY_S = 60.0
+# KEDA's default spec.maxReplicaCount (a ScaledObject that does not set it)
+KEDA_DEFAULT_MAX_REPLICAS = 100
 
 
 class ScrapeObserver(Protocol):
@@ -89,6 +104,9 @@ class Snapshot:
         default_factory=Membership
     )  # every member with its phase (ready, starting, pending, ...)
     resolved: bool = True  # False: discovery never succeeded, so the counts above are unknown, not 0
+    # a pool of a fleet without poolSize: its ScaledObject's spec.maxReplicaCount, read on this cycle
+    # (None: not read, no Kubernetes access, or not a pool)
+    pool_size: int | None = None
 
     @property
     def composite(self) -> Composite | None:
@@ -117,6 +135,8 @@ class Target:
         self.holders = 0  # open streams keep a target from eviction
         self._updated = asyncio.Event()
         self._first_wait_taken = False  # see wait_first
+        self.group: FleetGroup | None = None  # the fleet of pools this view is a pool of (set by the registry)
+        self._pool_replicas: int | None = None  # ceil of the last share, to log pool_split on a change
         # the loop RPCs run on: snapshots published from the scrape loop's thread are handed over to it
         try:
             self._owner: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -147,8 +167,9 @@ class Target:
         """A snapshot older than this means the loop itself is stuck, whatever the replicas say."""
         return 3 * self.cfg.scrape_interval + self.cfg.scrape_timeout + 5.0
 
-    def current(self) -> tuple[Snapshot, Composite]:
-        """The latest answer, or NoFreshData (-> UNAVAILABLE) when there is none to give."""
+    def own(self) -> tuple[Snapshot, Composite]:
+        """The latest snapshot and this view's own composite (for a pool of a fleet: before the split), or
+        NoFreshData (-> UNAVAILABLE) when there is none to give."""
         snap = self.snapshot
         if snap is None:
             raise NoFreshData(f"target {self.cfg.label}: first scrape still in progress")
@@ -158,6 +179,73 @@ class Target:
         if snap.composite is None:
             raise NoFreshData(f"target {self.cfg.label}: {snap.error}")
         return snap, snap.composite
+
+    def current(self) -> tuple[Snapshot, Composite]:
+        """The latest answer, or NoFreshData (-> UNAVAILABLE) when there is none to give. A pool of a fleet
+        answers its share of the fleet's demand (``keda_llm_scaler.pools``), split at call time from the
+        latest snapshots of all the fleet's pools: the same answers whatever order KEDA asks them in."""
+        snap, composite = self.own()
+        share = self.pool_share()
+        if share is None:
+            return snap, composite
+        return snap, dataclasses.replace(composite, value=share.value)
+
+    # -- a pool of a fleet -----------------------------------------------------------------------
+    def pool_spec(self) -> PoolSpec | None:
+        """The pool as the split sees it: its size is poolSize, else the ScaledObject's maxReplicaCount as
+        the last cycle read it, else unbounded."""
+        spec = self.cfg.pool
+        if spec is None or spec.size is not None:
+            return spec
+        snap = self.snapshot
+        size = snap.pool_size if snap is not None else None
+        return spec if size is None else dataclasses.replace(spec, size=size)
+
+    def pool_reading(self) -> PoolReading | None:
+        """What the split reads of this pool (``pools.pool_reading``): the demand its own composite stands
+        for (None without a fresh one: it then counts its members at target), its unit (requests/s one
+        replica serves at targetUtilization, when a capacity is known) and its members (ready + starting)."""
+        spec = self.pool_spec()
+        if spec is None:
+            return None
+        snap = self.snapshot
+        members = 0 if snap is None else snap.membership.count(READY) + snap.membership.count(STARTING)
+        try:
+            composite: Composite | None = self.own()[1]
+        except NoFreshData:
+            composite = None
+        return pool_reading(spec, composite, self.cfg.scoring.target_utilization, members)
+
+    def pool_share(self) -> PoolShare | None:
+        """This pool's share of its fleet's demand now (None: not a pool of a fleet). Logs ``pool_split``
+        when the replicas it asks for (the share rounded up) change."""
+        group = self.group
+        if group is None:
+            return None
+        shares = group.split(self)
+        assert self.cfg.pool is not None  # a member of a group is a pool
+        share = shares.get(self.cfg.pool.pool)
+        if share is None:
+            return None
+        wanted = math.ceil(share.value)
+        if wanted != self._pool_replicas:
+            self._pool_replicas = wanted
+            log.info(
+                "pool_split",
+                target=self.cfg.label,
+                fleet=self.cfg.pool.fleet,
+                pool=share.pool,
+                tier=self.cfg.pool.tier_name,
+                share=share.value,
+                own=share.own,
+                fleet_demand_rps=round(share.fleet_work_rps, 3),
+                pool_demand_rps=round(share.work_rps, 3),
+                unit_rps=round(share.unit_rps, 3),
+                unit_assumed=share.unit_assumed,
+                fresh=share.fresh,
+                why=share.explain(),
+            )
+        return share
 
     def is_fresh(self) -> bool:
         try:
@@ -200,6 +288,67 @@ class Target:
             stale=snap.count(STALE),
             expired=snap.count(EXPIRED),
         )
+
+
+class FleetGroup:
+    """The pools of one fleet: the ScaledObjects of one namespace with the same ``fleet`` trigger key, each
+    a Target, by pool name. Two Targets claiming one pool name: the most recently registered is the
+    pool (the other comes back if that one is evicted first)."""
+
+    def __init__(self, namespace: str, fleet: str) -> None:
+        self.namespace = namespace
+        self.fleet = fleet
+        self._claims: dict[str, list[Target]] = {}  # pool -> its claimants, in registration order
+
+    def join(self, target: Target) -> Target | None:
+        """Add ``target`` as its pool; returns the Target it displaces as that pool, if any."""
+        assert target.cfg.pool is not None
+        claims = self._claims.setdefault(target.cfg.pool.pool, [])
+        displaced = claims[-1] if claims else None
+        claims.append(target)
+        target.group = self
+        return displaced
+
+    def leave(self, target: Target) -> None:
+        assert target.cfg.pool is not None
+        claims = self._claims.get(target.cfg.pool.pool, [])
+        if target in claims:
+            claims.remove(target)
+        if not claims:
+            self._claims.pop(target.cfg.pool.pool, None)
+        target.group = None
+
+    @property
+    def empty(self) -> bool:
+        return not self._claims
+
+    def members(self) -> dict[str, Target]:
+        """Each pool's Target (its most recently registered claimant), by pool name."""
+        return {pool: claims[-1] for pool, claims in self._claims.items() if claims}
+
+    def readings(self, asking: Target | None = None) -> list[PoolReading]:
+        """Every pool's reading; ``asking`` stands for its own pool (a displaced claimant answers as if it
+        were the pool)."""
+        members = self.members()
+        if asking is not None and asking.cfg.pool is not None:
+            members[asking.cfg.pool.pool] = asking
+        return [r for r in (t.pool_reading() for _, t in sorted(members.items())) if r is not None]
+
+    def split(self, asking: Target | None = None) -> dict[str, PoolShare]:
+        return split_fleet(self.readings(asking))
+
+
+def _max_replicas(scaled_object: dict[str, object] | None) -> int | None:
+    """A ScaledObject's spec.maxReplicaCount (KEDA's default when it sets none); None: no ScaledObject."""
+    if scaled_object is None:
+        return None
+    spec = scaled_object.get("spec")
+    raw = spec.get("maxReplicaCount") if isinstance(spec, dict) else None
+    if raw is None:
+        return KEDA_DEFAULT_MAX_REPLICAS
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        return None
+    return raw
 
 
 def publish_together(pairs: list[tuple[Target, Snapshot]]) -> None:
@@ -252,6 +401,7 @@ class FleetWorker:
         clock: Callable[[], float] = time.monotonic,
         scrape_loop: ScrapeLoop | None = None,
         ranker: CycleObserver | None = None,
+        kube: KubeClient | None = None,
     ) -> None:
         self.cfg = cfg  # the first trigger's: discovery, engine, model, interval and timeout are shared
         self.key = cfg.fleet_key
@@ -274,6 +424,10 @@ class FleetWorker:
         self._task: Spawned[asyncio.Task[None]] | None = None
         self._ranker = ranker
         self._gateway_failing = False
+        # pools of a fleet without poolSize: their ScaledObjects' maxReplicaCount (on the scrape loop)
+        self._kube = kube
+        self._pool_sizes: dict[tuple[str, str], int | None] = {}  # the last read, kept through API errors
+        self._pool_size_errors: dict[tuple[str, str], str] = {}  # logged once per distinct error
 
     # -- lifecycle -------------------------------------------------------------------------------
     def attach(self, view: Target) -> None:
@@ -365,7 +519,7 @@ class FleetWorker:
         )
         gateway_result: ScrapeResult | None = None
         if cfg.gateway is None:
-            results = await replica_scrapes
+            results, pool_sizes = await asyncio.gather(replica_scrapes, self._read_pool_sizes())
         else:  # the pool's gateway, in the same cycle and under the same slots and deadline
             gateway_scrape = self._scraper.scrape(
                 cfg.gateway.url,
@@ -374,7 +528,9 @@ class FleetWorker:
                 model=cfg.gateway.channel,
                 limits=self._limits,
             )
-            results, gateway_result = await asyncio.gather(replica_scrapes, gateway_scrape)
+            results, gateway_result, pool_sizes = await asyncio.gather(
+                replica_scrapes, gateway_scrape, self._read_pool_sizes()
+            )
         gateway = self._gateway_reading(gateway_result)
         now = self._clock()
         by_url = {r.url: r for r in results}
@@ -411,7 +567,18 @@ class FleetWorker:
         def snapshot(view: Target) -> Snapshot:
             v = view.cfg
             evaluation = self._fleet.evaluate(now, starting, v.scoring, v.stale_after, gateway)
-            return Snapshot(now, time.time(), self._cycle, evaluation, discovery_error, cycle_s, starting, membership)
+            pool_size = pool_sizes.get((v.namespace, v.name))
+            return Snapshot(
+                now,
+                time.time(),
+                self._cycle,
+                evaluation,
+                discovery_error,
+                cycle_s,
+                starting,
+                membership,
+                pool_size=pool_size,
+            )
 
         pairs = self._publish(snapshot)
         if self._ranker is not None and pairs:
@@ -426,6 +593,37 @@ class FleetWorker:
                 )
             except Exception:  # ranking is an extra: a bug in it must not cost the fleet its scoring
                 log.exception("victim_ranking_crashed", target=cfg.label, fleet_id=self.id)
+
+    async def _read_pool_sizes(self) -> dict[tuple[str, str], int | None]:
+        """The maxReplicaCount of each view's ScaledObject that is a pool of a fleet without poolSize, read
+        through the Kubernetes client's cache (a slow TTL: one API call per ScaledObject every few
+        minutes). An API error keeps the last size read (logged once per distinct error)."""
+        kube = self._kube
+        if kube is None:
+            return {}
+        wanted = sorted(
+            {(v.cfg.namespace, v.cfg.name) for v in list(self.views.values()) if v.cfg.pool and v.cfg.pool.size is None}
+        )
+        for so in wanted:
+            error: str | None = None
+            try:
+                obj = await kube.get_scaledobject(*so)
+            except KubeError as exc:
+                error = str(exc)
+            else:
+                self._pool_sizes[so] = size = _max_replicas(obj)
+                if size is None:
+                    error = "ScaledObject not found" if obj is None else "spec.maxReplicaCount is not a count"
+            if error is None:
+                self._pool_size_errors.pop(so, None)
+            elif self._pool_size_errors.get(so) != error:
+                self._pool_size_errors[so] = error
+                so_label, kept = f"{so[0]}/{so[1]}", self._pool_sizes.get(so)
+                log.warning("pool_size_unread", scaledobject=so_label, error=error, kept=kept)
+        for so in set(self._pool_sizes) - set(wanted):
+            del self._pool_sizes[so]
+            self._pool_size_errors.pop(so, None)
+        return dict(self._pool_sizes)
 
     def _gateway_reading(self, result: ScrapeResult | None) -> tuple[float | None, str | None] | None:
         """(requests held, None) or (None, why not); logged when it starts or stops failing."""

@@ -19,10 +19,11 @@ from keda_llm_scaler import __version__
 from keda_llm_scaler.activity import target_active
 from keda_llm_scaler.errors import NoFreshData
 from keda_llm_scaler.fleet import REPLICA_STATES
-from keda_llm_scaler.membership import PHASES
+from keda_llm_scaler.membership import PENDING, PHASES
 from keda_llm_scaler.metadata import TriggerConfig
+from keda_llm_scaler.pools import cost_per_million_tokens, pool_cost_per_hour
 from keda_llm_scaler.scrape import ScrapeResult
-from keda_llm_scaler.target import Target
+from keda_llm_scaler.target import FleetGroup, Target
 
 if TYPE_CHECKING:
     from keda_llm_scaler.workers import ScrapeWorkers
@@ -31,6 +32,34 @@ __all__ = ["ScalerMetrics"]
 
 VERSION: Final = __version__
 _TARGET_LABELS: Final = ("namespace", "scaledobject", "target")
+_POOL_LABELS: Final = ("fleet", "pool", "tier")
+
+
+def _pool_cost(t: Target) -> float | None:
+    """What the pool costs per hour now (``pools.pool_cost_per_hour``): its replicas that hold GPUs are
+    every member but a pending one (starting replicas included). None: no price, or no membership known."""
+    spec, snap = t.pool_spec(), t.snapshot
+    if spec is None or snap is None or not snap.resolved:
+        return None
+    running = sum(snap.membership.count(phase) for phase in PHASES if phase != PENDING)
+    return pool_cost_per_hour(spec, running)
+
+
+def _fleet_costs(group: FleetGroup) -> tuple[float | None, float | None]:
+    """The fleet's cost per hour (its pools that have a price) and per million tokens served (over the
+    tokens its pools serve; None while unknown, never 0 for unknown)."""
+    members = group.members().values()
+    costs = [c for c in (_pool_cost(t) for t in members) if c is not None]
+    per_hour = sum(costs) if costs else None
+    tokens = [
+        t.snapshot.composite.demand.tokens_rps
+        for t in members
+        if t.snapshot is not None
+        and t.snapshot.composite is not None
+        and t.snapshot.composite.demand is not None
+        and t.snapshot.composite.demand.tokens_rps is not None
+    ]
+    return per_hour, cost_per_million_tokens(per_hour, sum(tokens) if tokens else None)
 
 
 class _TargetCollector(Collector):
@@ -118,6 +147,38 @@ class _TargetCollector(Collector):
             ("source",),
         )
         startup = family("startup_seconds", "Replica start-up time used as the growth horizon", ("source",))
+        # a pool of a fleet (the `fleet` trigger key): what its share was split from, and what it costs
+        own_composite = family(
+            "pool_own_composite",
+            "A pool's own composite before the fleet's split (llm_scaler_composite is its share, what is served)",
+            _POOL_LABELS,
+        )
+        share_rps = family(
+            "pool_share_requests_per_second",
+            "The fleet's demand placed on this pool by the split (reserved first, up to its size; then burst)",
+            _POOL_LABELS,
+        )
+        fleet_rps = family(
+            "fleet_demand_requests_per_second",
+            "The fleet's demand, put back together from every pool's own composite, in requests/s",
+            _POOL_LABELS,
+        )
+        pool_cost = family(
+            "pool_cost_per_hour",
+            "What the pool costs per hour (replicaCostPerHour): a reserved pool its size whether used or not, "
+            "a burst pool the replicas it runs, starting ones included",
+            _POOL_LABELS,
+        )
+        fleet_cost = GaugeMetricFamily(
+            "llm_scaler_fleet_cost_per_hour",
+            "What the fleet costs per hour: the sum over its pools that have a replicaCostPerHour",
+            labels=["namespace", "fleet"],
+        )
+        fleet_cost_tokens = GaugeMetricFamily(
+            "llm_scaler_fleet_cost_per_million_tokens",
+            "The fleet's cost per million tokens served (prompt + generated); absent while unknown",
+            labels=["namespace", "fleet"],
+        )
         count = GaugeMetricFamily("llm_scaler_targets", "Targets (ScaledObject fleets) being scraped")
         now = self._clock()
         targets = list(self._targets())
@@ -138,9 +199,21 @@ class _TargetCollector(Collector):
                 replicas.add_metric([*labels, "starting"], snap.starting)
                 for phase in PHASES:
                     members.add_metric([*labels, phase], snap.membership.count(phase))
+            spec = t.pool_spec()
+            share = t.pool_share()
+            if spec is not None and t.group is not None:
+                pool_labels = [*labels, spec.fleet, spec.pool, spec.tier_name]
+                if snap.composite is not None:
+                    own_composite.add_metric(pool_labels, snap.composite.value)
+                if share is not None:
+                    share_rps.add_metric(pool_labels, share.work_rps)
+                    fleet_rps.add_metric(pool_labels, share.fleet_work_rps)
+                cost = _pool_cost(t)
+                if cost is not None:
+                    pool_cost.add_metric(pool_labels, cost)
             if snap.composite is not None:
                 c = snap.composite
-                composite.add_metric(labels, c.value)
+                composite.add_metric(labels, c.value if share is None else share.value)  # served: the share
                 for name, maybe_term in (
                     ("load", c.load),
                     ("queue", c.queue),
@@ -181,8 +254,21 @@ class _TargetCollector(Collector):
             for fam, maybe in optional:
                 if maybe is not None:
                     fam.add_metric(labels, maybe)
+        groups = {id(t.group): t.group for t in targets if t.group is not None}
+        for group in groups.values():
+            per_hour, per_million = _fleet_costs(group)
+            if per_hour is not None:
+                fleet_cost.add_metric([group.namespace, group.fleet], per_hour)
+            if per_million is not None:
+                fleet_cost_tokens.add_metric([group.namespace, group.fleet], per_million)
         yield from (
             composite,
+            own_composite,
+            share_rps,
+            fleet_rps,
+            pool_cost,
+            fleet_cost,
+            fleet_cost_tokens,
             term,
             reason,
             up,

@@ -95,6 +95,8 @@ def test_the_key_is_every_field() -> None:
             "workloadClass": "batch",
             "endpoints": "http://10.0.0.8:8000",
             "gatewayMetricsUrl": "http://10.0.0.9:9090",
+            "fleet": "chat",
+            "poolTier": "burst",
         },
     )
     for f in dataclasses.fields(cfg):
