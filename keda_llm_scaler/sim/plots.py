@@ -720,3 +720,106 @@ def plot_victims(path: Path, groups: Sequence[dict[str, Any]], title: str) -> No
     )
     fig.savefig(path, dpi=_DPI)
     plt.close(fig)
+
+
+def plot_pools(path: Path, summary: dict[str, Any], timeline: Sequence[dict[str, float | None]], title: str) -> None:
+    """A fleet of pools over the day: one band per pool (its ready replicas, stacked in tier order) with each
+    pool's desired count, the load, and the TTFT p95 against the SLO."""
+    pools = list(summary.get("pools", {}))
+    t = [float(p["t"] or 0.0) / 3600.0 for p in timeline]
+    fig, (ax, ax_ttft) = plt.subplots(
+        2, 1, figsize=(13, 8), dpi=_DPI, sharex=True, layout="constrained", gridspec_kw={"height_ratios": [3, 1]}
+    )
+    w = summary.get("after_warmup", {})
+    costs = ", ".join(f"{n} {summary['pools'][n]['cost']:.0f}" for n in pools)
+    ax.set_title(
+        f"{title}\nattainment {100 * float(summary.get('slo_attainment', 0.0)):.2f} % whole run, "
+        f"{100 * float(w.get('slo_attainment', 0.0)):.2f} % after the warm-up; cost {summary.get('cost', 0.0):.0f} "
+        f"({costs})",
+        fontsize=10,
+        loc="left",
+    )
+    colors = ["#4575b4", "#f46d43", "#66bd63", "#9e0142", "#fdae61"]
+    bands = [_zero(_series(timeline, f"ready:{name}"), len(t)) for name in pools]
+    if t and bands:
+        ax.stackplot(
+            t,
+            *bands,
+            labels=[f"{n} ready ({summary['pools'][n]['tier']})" for n in pools],
+            colors=colors[: len(bands)],
+            alpha=0.55,
+            step="post",
+        )
+    below = [0.0] * len(t)  # desired counts stacked as the bands are: each line is the top of its pool's band
+    for k, name in enumerate(pools):
+        desired = _series(timeline, f"desired:{name}")
+        if desired is not None:
+            top = [b + d for b, d in zip(below, _zero(desired, len(t)), strict=True)]
+            ax.step(t, top, where="post", color=colors[k % len(colors)], lw=1.2, label=f"{name} desired (stacked)")
+            below = top
+        size = summary["pools"][name].get("size")
+        if size is not None:
+            ax.axhline(size, color=colors[k % len(colors)], ls=":", lw=1, label=f"{name} size {size}")
+    ax.set_ylabel("replicas")
+    ax.grid(alpha=0.3)
+    load = _series(timeline, "load_rps")
+    if load is not None:
+        ax_load = ax.twinx()
+        ax_load.plot(t, load, color="#333333", lw=0.8, alpha=0.7, label="load (req/s, 1-min mean)")
+        ax_load.set_ylabel("req/s")
+        ax_load.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8, ncol=2)
+    ttft = _series(timeline, "ttft_p95_s")
+    if ttft is not None:
+        ax_ttft.plot(t, [min(v, 60.0) for v in ttft], color="#762a83", lw=1, label="TTFT p95 (1-min, capped at 60 s)")
+    ax_ttft.axhline(float(summary.get("slo_ttft_s", 2.0)), color="#d73027", ls="--", lw=1, label="SLO")
+    warm = float(w.get("warmup_s", 0.0) or 0.0)
+    if warm > 0:
+        for a in (ax, ax_ttft):
+            a.axvspan(0, warm / 3600.0, color="#bbbbbb", alpha=0.3, lw=0)
+    ax_ttft.set_yscale("log")
+    ax_ttft.set_ylabel("s")
+    ax_ttft.set_xlabel("hours")
+    ax_ttft.grid(alpha=0.3)
+    ax_ttft.legend(loc="upper right", fontsize=8)
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+
+
+def plot_plan(path: Path, plan: dict[str, Any], title: str) -> None:
+    """``--plan-reserved``: cost and attainment after the warm-up per reserved size, the chosen size marked."""
+    rows = plan.get("curve", [])
+    sizes = [r["reserved_size"] for r in rows]
+    fig, ax = plt.subplots(figsize=(11, 6), dpi=_DPI, layout="constrained")
+    ax.set_title(f"Planning the reservation: {title}", fontsize=10, loc="left")
+    target = float(plan.get("target_attainment", 0.99))
+    ok = [r for r in rows if (r.get("slo_attainment") or 0.0) >= target]
+    ax.plot(sizes, [r["cost"] for r in rows], color="#4575b4", marker="o", label="cost after the warm-up")
+    ax.scatter(
+        [r["reserved_size"] for r in ok],
+        [r["cost"] for r in ok],
+        color="#1a9850",
+        zorder=3,
+        s=60,
+        label=f"reaches {100 * target:g} %",
+    )
+    chosen = plan.get("reserved_size")
+    if chosen is not None:
+        ax.axvline(chosen, color="#1a9850", ls="--", lw=1)
+        ax.annotate(f"reserved_size {chosen}", (chosen, ax.get_ylim()[1]), ha="left", va="top", fontsize=9)
+    ax.set_xlabel("reserved pool size (replicas)")
+    ax.set_ylabel("cost")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax2 = ax.twinx()
+    ax2.plot(
+        sizes, [100 * (r.get("slo_attainment") or 0.0) for r in rows], color="#d73027", marker="s", lw=1,
+        label="attainment after the warm-up (%)",
+    )  # fmt: skip
+    ax2.axhline(100 * target, color="#d73027", ls=":", lw=1)
+    ax2.set_ylabel("SLO attainment (%)")
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper center", fontsize=8)
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)

@@ -15,7 +15,7 @@ from typing import Final
 
 from keda_llm_scaler.demand import DemandConfig
 from keda_llm_scaler.fleet import FleetState, Observation
-from keda_llm_scaler.policy import ScoringParams
+from keda_llm_scaler.policy import Composite, ScoringParams
 from keda_llm_scaler.sim.fleet import READY, STARTING, SimulatedFleet
 from keda_llm_scaler.sim.hpa import AVERAGE_VALUE, UTILIZATION, Behavior, MetricReading, ScalingPolicy
 
@@ -85,6 +85,7 @@ class CompositePolicy(Policy):
         self.params = dataclasses.replace(self.params, target_utilization=self.knob)
         self._state = FleetState(self.params, self.stale_after_s, self.scrape_interval_s, self.demand)
         self._composite: float | None = None
+        self.last: Composite | None = None  # the latest scoring, whole
 
     def sample(self, now: float, fleet: SimulatedFleet) -> None:
         starting = len(fleet.with_state(STARTING))
@@ -92,10 +93,10 @@ class CompositePolicy(Policy):
         c = self._state.evaluate(now, starting).composite  # starting pods: capacity on the way
         self._composite = None if c is None else c.value
         self.value = self._composite
-        self._last = c
+        self.last = c
 
     def explain(self) -> dict[str, float | None]:
-        c = getattr(self, "_last", None)
+        c = self.last
         if c is None:
             return {}
         d = c.demand

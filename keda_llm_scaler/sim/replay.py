@@ -156,6 +156,31 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
     f.add_argument("--max-queue", type=int, default=None, help="admission limit: reject (503) above this queue")
     f.add_argument("--grace", type=float, default=30.0, help="terminationGracePeriodSeconds (default 30)")
     f.add_argument("--seed", type=int, default=0)
+    f.add_argument(
+        "--warmup",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="the fleet runs through the first SECONDS, and attainment, GPU-hours and cost are also reported "
+        "from then on (after_warmup), beside the whole run's (default 0)",
+    )
+    f.add_argument(
+        "--pools",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a fleet of pools (YAML list: name, profile, tier reserved|burst, size or max, costPerHour, and "
+        "optionally coldStart, nodeProvisionSeconds, spotReclaimPerHour, min); each pool is scaled by the "
+        "composite's share of the fleet's demand (docs/fleets.md). Replaces --profile and --min/--max-replicas",
+    )
+    f.add_argument(
+        "--plan-reserved",
+        type=_sizes,
+        default=None,
+        metavar="A:B",
+        help="with --pools: replay the day with the reserved pool's size at each of A..B, print the cost curve "
+        "and reserved_size, the cheapest size that reaches --target-attainment after the warm-up",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print one JSON object with the summary")
     o.add_argument("--plot", type=Path, default=None, help="write a PNG: load, replicas, demand, TTFT p95")
@@ -179,6 +204,17 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
         help="progress on stderr with simulated time, requests and memory (default: a percentage)",
     )
     o.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def _sizes(raw: str) -> tuple[int, int]:
+    lo, sep, hi = raw.partition(":")
+    try:
+        a, b = int(lo), int(hi)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not A:B (two whole numbers of replicas)") from None
+    if not sep or a < 0 or b < a:
+        raise argparse.ArgumentTypeError(f"{raw!r}: want A:B with 0 <= A <= B")
+    return a, b
 
 
 def _curve_path(raw: str) -> Path:
@@ -215,6 +251,12 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--grace must be a finite number of seconds >= 0")
     if args.max_queue is not None and args.max_queue < 1:
         raise ValueError("--max-queue must be >= 1 (omit it for no admission limit)")
+    if not (args.warmup >= 0 and math.isfinite(args.warmup)):
+        raise ValueError("--warmup must be a finite number of seconds >= 0")
+    if args.plan_reserved is not None and args.pools is None:
+        raise ValueError("--plan-reserved goes with --pools")
+    if args.pools is not None and (args.sweep or args.policy != "composite"):
+        raise ValueError("--pools replays the composite's split: without --sweep, with --policy composite")
     if args.policy == "static" and args.knob is not None and args.knob != int(args.knob):
         raise ValueError("static: --knob is a whole number of replicas")
 
@@ -247,6 +289,7 @@ def _config(args: argparse.Namespace, policy: str, knob: float | None) -> RunCon
         node_provision_s=args.node_provision_s,
         seed=args.seed,
         composite_slo=args.composite_slo,
+        warmup_s=args.warmup,
     )
 
 
@@ -313,6 +356,79 @@ def _public(summary: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
     return public
 
 
+def _pools(args: argparse.Namespace) -> int:
+    from keda_llm_scaler.sim.pools import load_pools, plan_reserved, simulate_pools
+
+    pools = load_pools(args.pools)
+    workload = load_workload(args)
+    cfg = _config(args, "composite", args.knob)
+    if args.plan_reserved is not None:
+        plan = plan_reserved(
+            workload,
+            pools,
+            cfg,
+            args.plan_reserved,
+            args.target_attainment,
+            workers=args.workers,
+            progress=None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True),
+        )
+        public = _finite(plan)
+        if args.plot is not None:
+            from keda_llm_scaler.sim.plots import plot_plan
+
+            plot_plan(args.plot, public, describe_pools(args, workload, pools))
+        if args.json:
+            print(json.dumps(public, sort_keys=True))
+        else:
+            print(plan_words(public))
+        return 0
+    start = time.perf_counter()
+    result = simulate_pools(
+        workload, pools, cfg, progress=_progress("replay pools", args.quiet, args.progress, workload.duration_s)
+    )
+    if not args.quiet:
+        took = time.perf_counter() - start
+        print(f"\rreplay pools: done in {took:.1f}s, max RSS {_rss_mb():.0f} MB", file=sys.stderr)
+    summary = _public(result.summary, args)
+    if args.plot is not None:
+        from keda_llm_scaler.sim.plots import plot_pools
+
+        plot_pools(args.plot, summary, result.timeline, describe_pools(args, workload, pools))
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        s = summary
+        print(
+            f"{len(s['pools'])} pools, {s['requests']} requests: SLO attainment {s['slo_attainment']:.2%} "
+            f"(TTFT <= {s['slo_ttft_s']:g}s), {s['gpu_hours']:.1f} GPU-h, cost {s['cost']:.2f}, "
+            f"{s['streams_cut']} streams cut, {s['spot_reclaims']} spot reclaims"
+        )
+        for name, p in s["pools"].items():
+            print(
+                f"  {name} ({p['tier']}, {p['profile']}): {p['gpu_hours']:.1f} GPU-h, {p['replica_hours']:.1f} "
+                f"replica-h, cost {p['cost']:.2f}, max {p['max_replicas']} replicas"
+            )
+        if args.warmup > 0:
+            print(_warmup_words(s["after_warmup"]))
+    return 0
+
+
+def plan_words(plan: dict[str, Any]) -> str:
+    lines = [f"reserved size | attainment after warm-up | cost (target {plan['target_attainment']:.2%})"]
+    for row in plan["curve"]:
+        mark = " <- reserved_size" if row["reserved_size"] == plan["reserved_size"] else ""
+        lines.append(f"{row['reserved_size']:>13} | {row['slo_attainment']:>24.2%} | {row['cost']:.2f}{mark}")
+    chosen = plan["reserved_size"]
+    lines.append(f"reserved_size {chosen}" if chosen is not None else "reserved_size none: no size reaches the target")
+    return "\n".join(lines)
+
+
+def describe_pools(args: argparse.Namespace, workload: Workload, pools: Any) -> str:
+    scale = f" x{args.rate_scale:g}" if args.rate_scale != 1 else ""
+    parts = ", ".join(f"{p.name} ({p.profile}, {'size' if p.tier == 0 else 'max'} {p.size})" for p in pools)
+    return f"{workload.name}{scale}: {parts}; TTFT SLO {args.slo_ttft:g} s, warm-up {args.warmup:g} s"
+
+
 def _one(args: argparse.Namespace) -> int:
     workload = load_workload(args)
     start = time.perf_counter()
@@ -347,7 +463,17 @@ def _one(args: argparse.Namespace) -> int:
             f"{s['tokens_lost']} tokens lost ({s['tokens_lost_per_scale_down']:.0f} per scale-down), "
             f"{s['deletion_cost_writes']} deletion-cost writes"
         )
+        if args.warmup > 0:
+            print(_warmup_words(s["after_warmup"]))
     return 0
+
+
+def _warmup_words(w: dict[str, Any]) -> str:
+    cost = f", cost {w['cost']:.2f}" if w.get("cost") is not None else ""
+    return (
+        f"after the {w['warmup_s']:g} s warm-up: {w['requests']} requests, SLO attainment "
+        f"{w['slo_attainment']:.2%}, {w['gpu_hours']:.1f} GPU-h{cost}"
+    )
 
 
 def _sweep_job(job: tuple[dict[str, Any], str, float]) -> dict[str, Any]:
@@ -507,6 +633,8 @@ def describe_setup(args: argparse.Namespace, workload: Workload) -> str:
 def replay_main(args: argparse.Namespace) -> int:
     try:
         _check(args)
+        if args.pools is not None:
+            return _pools(args)
         return _sweep(args) if args.sweep else _one(args)
     except (OSError, ValueError) as exc:
         print(f"keda-llm-scaler replay: {exc}", file=sys.stderr)

@@ -74,6 +74,9 @@ class RunConfig:
     # an SLO would
     composite_slo: bool = True
     keep_requests: bool = False
+    # attainment, GPU-hours (and cost) are also counted from this time on (``after_warmup``): the fleet
+    # runs through it, but a start that no policy could know about does not count against it
+    warmup_s: float = 0.0
 
 
 @dataclass
@@ -213,20 +216,48 @@ def capacity_at_slo(
     return _capacity_cached(profile, pairs, slo_ttft_s, duration_s, seed)
 
 
-class _Accumulator:
-    """What a finished request leaves behind: counts, TTFT histograms (whole run, per 10 s of arrival)."""
+class _Counted:
+    """The judged requests of a stretch of the run: how many, within the SLOs, their TTFT and gaps."""
 
-    def __init__(self, slo_ttft_s: float, keep: bool, slo_itl_s: float | None = None) -> None:
-        self.slo = slo_ttft_s
-        self.slo_itl = slo_itl_s
+    def __init__(self, slo_ttft_s: float, slo_itl_s: float | None) -> None:
+        self.slo, self.slo_itl = slo_ttft_s, slo_itl_s
         self.ttft = TtftHistogram()
         # each streamed request's mean gap between tokens (TPOT); one that never finished its answer (cut,
         # refused, failed) counts as +inf: it did not get its tokens in time
         self.itl = TtftHistogram()
-        self.itl_met = 0
-        self.met = 0
-        self.rejected = 0
-        self.failed = 0
+        self.met = self.itl_met = self.failed = self.rejected = 0
+
+    def add(self, r: Request) -> None:
+        self.ttft.add(r.ttft)
+        if r.output > 1:  # a one-token answer has no gap
+            tpot = request_tpot(r)
+            self.itl.add(tpot)
+            self.itl_met += tpot is not None and (self.slo_itl is None or tpot <= self.slo_itl)
+        if r.ttft is None:
+            self.failed += 1
+            self.rejected += r.state == REJECTED
+        elif r.ttft <= self.slo:
+            self.met += 1
+
+    def summary(self) -> dict[str, Any]:
+        n = self.ttft.total
+        return {
+            "requests": n,
+            "slo_attainment": self.met / n if n else 1.0,
+            "ttft_p95_s": self.ttft.quantile(0.95),
+            "itl_attainment": self.itl_met / self.itl.total if self.itl.total and self.slo_itl is not None else None,
+            "failed": self.failed,
+        }
+
+
+class _Accumulator(_Counted):
+    """What a finished request leaves behind: counts, TTFT histograms (whole run, per 10 s of arrival), and
+    the same counts over the requests that arrived after the warm-up (``after``)."""
+
+    def __init__(self, slo_ttft_s: float, keep: bool, slo_itl_s: float | None = None, warmup_s: float = 0.0) -> None:
+        super().__init__(slo_ttft_s, slo_itl_s)
+        self.warmup_s = warmup_s
+        self.after = _Counted(slo_ttft_s, slo_itl_s)
         self.by_bin: dict[int, TtftHistogram] = {}  # by 10 s of arrival, until no point needs it
         self.arrived: dict[int, int] = {}
         self._waiting_points: deque[dict[str, float | None]] = deque()
@@ -267,24 +298,14 @@ class _Accumulator:
                 self.arrived.pop(b, None)
 
     def add(self, r: Request) -> None:
-        ttft = r.ttft
-        self.ttft.add(ttft)
-        if r.output > 1:  # a one-token answer has no gap
-            tpot = request_tpot(r)
-            self.itl.add(tpot)
-            if tpot is not None and (self.slo_itl is None or tpot <= self.slo_itl):
-                self.itl_met += 1
-        if ttft is None:
-            self.failed += 1
-            if r.state == REJECTED:
-                self.rejected += 1
-        elif ttft <= self.slo:
-            self.met += 1
+        super().add(r)
+        if r.arrival >= self.warmup_s:
+            self.after.add(r)
         b = int(r.arrival // TIMELINE_EVERY_S)
         hist = self.by_bin.get(b)
         if hist is None:
             hist = self.by_bin[b] = TtftHistogram(resolution=0.05)
-        hist.add(ttft)
+        hist.add(r.ttft)
         if self.kept is not None:
             self.kept.append(r)
 
@@ -355,7 +376,8 @@ def simulate(
         fleet.add(0.0, ready=True)
     hpa.warm_start(0.0, initial)
 
-    acc = _Accumulator(cfg.slo_ttft_s, cfg.keep_requests, cfg.slo_itl_s)
+    acc = _Accumulator(cfg.slo_ttft_s, cfg.keep_requests, cfg.slo_itl_s, cfg.warmup_s)
+    gpu_seconds_at_warmup: float | None = 0.0 if cfg.warmup_s <= 0 else None
     arrivals = _arrivals(workload)
     upcoming = next(arrivals, None)
     recent: deque[int] = deque(maxlen=int(60 / TIMELINE_EVERY_S))  # arrivals per 10 s, the last minute
@@ -386,6 +408,8 @@ def simulate(
         acc.settle()
         replica_seconds += len(fleet.live()) * (t_next - t)
         t = t_next
+        if gpu_seconds_at_warmup is None and t >= cfg.warmup_s:
+            gpu_seconds_at_warmup = fleet.gpu_seconds
         policy.observe(t, fleet)
         if ranker is not None:
             ranker.observe(t, fleet, policy.demand_replicas)
@@ -477,9 +501,24 @@ def simulate(
         "cold_start_s": cold_mean,
         "duration_s": end,
         **workload.describe(),
+        "after_warmup": after_warmup(acc, cfg.warmup_s, end, gpu_hours * 3600.0, gpu_seconds_at_warmup),
         "config": {k: v for k, v in asdict(cfg).items() if k != "keep_requests"},
     }
     return RunResult(summary, timeline, acc.kept or [])
+
+
+def after_warmup(
+    acc: _Accumulator, warmup_s: float, end: float, gpu_seconds: float, gpu_seconds_at_warmup: float | None
+) -> dict[str, Any]:
+    """The run's figures over the requests that arrived after the warm-up, and the GPU-hours from then on."""
+    if gpu_seconds_at_warmup is None:  # the run ended inside its warm-up
+        gpu_seconds_at_warmup = gpu_seconds
+    return {
+        "warmup_s": warmup_s,
+        "duration_s": max(0.0, end - warmup_s),
+        **acc.after.summary(),
+        "gpu_hours": (gpu_seconds - gpu_seconds_at_warmup) / 3600.0,
+    }
 
 
 def scale_down_summary(events: Sequence[ScaleDown], victims: str, ranker: Ranker | None) -> dict[str, Any]:
