@@ -94,15 +94,27 @@ class PoolReading:
     unit_rps: float | None
     members: int = 0
     own: float | None = None
+    # what the pool holds for replicas it is starting while none is awake: a floor on its own share, never
+    # demand of the fleet's (see ``pool_reading``)
+    holding: float = 0.0
 
 
-def pool_reading(spec: PoolSpec, own: Composite | None, target_utilization: float, members: int) -> PoolReading:
+def pool_reading(
+    spec: PoolSpec,
+    own: Composite | None,
+    target_utilization: float,
+    members: int,
+    known_unit_rps: float | None = None,
+) -> PoolReading:
     """The demand a pool's own composite stands for in the fleet:
 
     - no composite (no fresh data): None, and the split counts its members at target;
-    - no replica awake: 0. It serves nothing, so the gateway sends its traffic to the others, whose readings
-      carry it; what its composite holds for the replicas it is starting is no demand of the fleet's
-      (counted, a burst pool starting five replicas would read five, and be given five);
+    - no replica awake: what its gateway holds for it, or the arrivals that ask its sleeping replicas to
+      wake (a fleet whose pools are all at zero wakes from these). What it holds for the replicas it is
+      starting is no demand of the fleet's: it serves nothing, so the gateway sends its traffic to the others,
+      whose readings carry it (counted, a burst pool starting five replicas would read five, and be given
+      five). That hold is kept apart (``holding``), a floor on the pool's own share only: replicas on their
+      way are not cancelled, and a reserved pool mid-rollout keeps what it is starting;
     - otherwise its composite, except that past the pool's size only evidence counts while its capacity is
       a lower bound (``served``: the rate one replica happened to serve, or a KV reading held at the step
       beyond it) or unknown: its pressure (KV, queue, rejects) and its SLO floor. A lower bound reads a
@@ -111,14 +123,17 @@ def pool_reading(spec: PoolSpec, own: Composite | None, target_utilization: floa
       the reservation covers. A capacity configured, learned past a knee, or read from KV spills as it
       reads: on the tuning day a reservation held at its size by that rule alone started its burst pool
       only at saturation, one start-up late (98.6 % after the warm-up, against 99.9 %).
-    """
-    unit = unit_rps(own.demand if own is not None else None, target_utilization)
+
+    ``known_unit_rps``: the pool's unit when its composite has none now (a pool at zero): its configured
+    capacity, else the last one it read."""
+    unit = unit_rps(own.demand if own is not None else None, target_utilization) or known_unit_rps
     if own is None:
         return PoolReading(spec, None, unit, members)
     value = own.value
     if own.replicas == 0:
-        value = 0.0
-    elif spec.size is not None and value > spec.size and not _capacity_read(own.demand):
+        demand = own.value if own.dominant in ("gateway", "rate") else 0.0
+        return PoolReading(spec, demand, unit, members, own.value, holding=max(0.0, own.value - demand))
+    if spec.size is not None and value > spec.size and not _capacity_read(own.demand):
         value = max(float(spec.size), own.pressure, own.slo_floor or 0.0)
         value = min(own.value, value)
     return PoolReading(spec, value, unit, members, own.value)
@@ -135,8 +150,11 @@ class PoolShare:
     fleet_work_rps: float  # the fleet's demand, in the same unit
     unplaced_rps: float  # demand beyond every pool's size (on the last pool only)
     fresh: bool  # the pool's own composite was known (else it counted its members at target)
+    unsized: bool = False  # a pool before the last has no known size: no split, each its own composite
 
     def explain(self) -> str:
+        if self.unsized:
+            return f"pool {self.pool}: its own composite {self.value:.3f} (a pool's size is unknown: no split)"
         unit = f"{self.unit_rps:.3g} req/s per replica{' (assumed)' if self.unit_assumed else ''}"
         beyond = f", {self.unplaced_rps:.3g} req/s beyond every pool's size" if self.unplaced_rps > 0 else ""
         return (
@@ -184,6 +202,8 @@ def split(readings: Sequence[PoolReading]) -> dict[str, PoolShare]:
     if not readings:
         return {}
     ordered = sorted(readings, key=lambda r: (r.spec.tier, r.spec.pool))
+    if any(r.spec.size is None for r in ordered[:-1]):
+        return _unsplit(ordered)
     units = _units(ordered)
     own_work = []
     for r in ordered:
@@ -201,6 +221,7 @@ def split(readings: Sequence[PoolReading]) -> dict[str, PoolShare]:
         size = r.spec.size
         value = want if last or size is None else min(float(size), want)
         placed = value * unit
+        value = max(value, r.holding)  # replicas on their way are kept, not counted as the fleet's demand
         unplaced = max(0.0, (want - size) * unit) if last and size is not None else 0.0
         left = max(0.0, left - placed)
         shares[r.spec.pool] = PoolShare(
@@ -215,6 +236,32 @@ def split(readings: Sequence[PoolReading]) -> dict[str, PoolShare]:
             fresh=r.value is not None,
         )
     return shares
+
+
+def _unsplit(ordered: Sequence[PoolReading]) -> dict[str, PoolShare]:
+    """A pool before the last whose size is not known (no poolSize, and its maxReplicaCount unread: a 403, a
+    ScaledObject not found) would take every demand as its own, and tell the running burst pools 0 while
+    its HPA clamps it: every pool then answers its own composite, as before fleets, until the size is known
+    (``PoolShare.unsized``)."""
+    units = _units(ordered)
+    out = {}
+    for r in ordered:
+        unit, assumed = units[r.spec.pool]
+        value = r.own if r.own is not None else r.value
+        value = max(0.0, value) if value is not None else float(max(r.members, 0))
+        out[r.spec.pool] = PoolShare(
+            pool=r.spec.pool,
+            value=round(value, 3),
+            own=r.own,
+            work_rps=value * unit,
+            unit_rps=unit,
+            unit_assumed=assumed,
+            fleet_work_rps=math.nan,
+            unplaced_rps=0.0,
+            fresh=r.value is not None,
+            unsized=True,
+        )
+    return out
 
 
 def pool_cost_per_hour(spec: PoolSpec, running: int) -> float | None:

@@ -149,6 +149,15 @@ class TargetRegistry:
         group = self._groups.get((target.cfg.namespace, fleet))
         if group is None:
             group = self._groups[(target.cfg.namespace, fleet)] = FleetGroup(target.cfg.namespace, fleet)
+        # a ScaledObject is one pool: its older targets (metadata changed, the pool renamed) leave the
+        # group now, or the fleet would count its replicas twice until they are evicted
+        for pool_targets in group.claims():
+            for older in pool_targets:
+                if older is not target and (older.cfg.namespace, older.cfg.name) == (
+                    target.cfg.namespace,
+                    target.cfg.name,
+                ):
+                    group.leave(older)
         displaced = group.join(target)
         if displaced is not None and displaced.cfg.name != target.cfg.name:
             # a ScaledObject whose metadata changed replaces its own old target: only another one is a conflict

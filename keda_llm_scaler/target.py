@@ -136,6 +136,9 @@ class Target:
         self._updated = asyncio.Event()
         self._first_wait_taken = False  # see wait_first
         self.group: FleetGroup | None = None  # the fleet of pools this view is a pool of (set by the registry)
+        # a pool's last unit (requests/s a replica serves at targetUtilization): configured, else read
+        configured = cfg.scoring.replica_capacity
+        self._known_unit_rps: float | None = None if configured is None else configured * cfg.scoring.target_utilization
         self._pool_replicas: int | None = None  # ceil of the last share, to log pool_split on a change
         # the loop RPCs run on: snapshots published from the scrape loop's thread are handed over to it
         try:
@@ -214,9 +217,13 @@ class Target:
             composite: Composite | None = self.own()[1]
         except NoFreshData:
             composite = None
-        return pool_reading(spec, composite, self.cfg.scoring.target_utilization, members)
+        utilization = self.cfg.scoring.target_utilization
+        reading = pool_reading(spec, composite, utilization, members, self._known_unit_rps)
+        if composite is not None and composite.demand is not None and composite.demand.capacity_rps is not None:
+            self._known_unit_rps = reading.unit_rps  # kept for when the pool is at zero and reads none
+        return reading
 
-    def pool_share(self) -> PoolShare | None:
+    def pool_share(self, log_change: bool = True) -> PoolShare | None:
         """This pool's share of its fleet's demand now (None: not a pool of a fleet). Logs ``pool_split``
         when the replicas it asks for (the share rounded up) change."""
         group = self.group
@@ -228,7 +235,7 @@ class Target:
         if share is None:
             return None
         wanted = math.ceil(share.value)
-        if wanted != self._pool_replicas:
+        if log_change and wanted != self._pool_replicas:
             self._pool_replicas = wanted
             log.info(
                 "pool_split",
@@ -238,7 +245,7 @@ class Target:
                 tier=self.cfg.pool.tier_name,
                 share=share.value,
                 own=share.own,
-                fleet_demand_rps=round(share.fleet_work_rps, 3),
+                fleet_demand_rps=None if share.unsized else round(share.fleet_work_rps, 3),
                 pool_demand_rps=round(share.work_rps, 3),
                 unit_rps=round(share.unit_rps, 3),
                 unit_assumed=share.unit_assumed,
@@ -322,9 +329,14 @@ class FleetGroup:
     def empty(self) -> bool:
         return not self._claims
 
+    def claims(self) -> list[list[Target]]:
+        """Every pool's claimants (copies), in registration order."""
+        return [list(c) for c in list(self._claims.values())]
+
     def members(self) -> dict[str, Target]:
-        """Each pool's Target (its most recently registered claimant), by pool name."""
-        return {pool: claims[-1] for pool, claims in self._claims.items() if claims}
+        """Each pool's Target (its most recently registered claimant), by pool name. Read from a copy: the
+        /metrics collector reads it from its own thread while registrations change it."""
+        return {pool: claims[-1] for pool, claims in list(self._claims.items()) if claims}
 
     def readings(self, asking: Target | None = None) -> list[PoolReading]:
         """Every pool's reading; ``asking`` stands for its own pool (a displaced claimant answers as if it

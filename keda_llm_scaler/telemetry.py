@@ -19,7 +19,7 @@ from keda_llm_scaler import __version__
 from keda_llm_scaler.activity import target_active
 from keda_llm_scaler.errors import NoFreshData
 from keda_llm_scaler.fleet import REPLICA_STATES
-from keda_llm_scaler.membership import PENDING, PHASES
+from keda_llm_scaler.membership import PHASES
 from keda_llm_scaler.metadata import TriggerConfig
 from keda_llm_scaler.pools import cost_per_million_tokens, pool_cost_per_hour
 from keda_llm_scaler.scrape import ScrapeResult
@@ -36,13 +36,13 @@ _POOL_LABELS: Final = ("fleet", "pool", "tier")
 
 
 def _pool_cost(t: Target) -> float | None:
-    """What the pool costs per hour now (``pools.pool_cost_per_hour``): its replicas that hold GPUs are
-    every member but a pending one (starting replicas included). None: no price, or no membership known."""
+    """What the pool costs per hour now (``pools.pool_cost_per_hour``), its members billed from creation
+    (pending and starting ones included, as the replay bills them). None: no price, or no membership known."""
     spec, snap = t.pool_spec(), t.snapshot
     if spec is None or snap is None or not snap.resolved:
         return None
-    running = sum(snap.membership.count(phase) for phase in PHASES if phase != PENDING)
-    return pool_cost_per_hour(spec, running)
+    # every member, pending ones too: a pod waiting for its node is the node being provisioned, billed
+    return pool_cost_per_hour(spec, sum(snap.membership.count(phase) for phase in PHASES))
 
 
 def _fleet_costs(group: FleetGroup) -> tuple[float | None, float | None]:
@@ -200,12 +200,12 @@ class _TargetCollector(Collector):
                 for phase in PHASES:
                     members.add_metric([*labels, phase], snap.membership.count(phase))
             spec = t.pool_spec()
-            share = t.pool_share()
+            share = t.pool_share(log_change=False)  # a scrape of /metrics is not a decision
             if spec is not None and t.group is not None:
                 pool_labels = [*labels, spec.fleet, spec.pool, spec.tier_name]
                 if snap.composite is not None:
                     own_composite.add_metric(pool_labels, snap.composite.value)
-                if share is not None:
+                if share is not None and not share.unsized:  # no split while a pool's size is unknown
                     share_rps.add_metric(pool_labels, share.work_rps)
                     fleet_rps.add_metric(pool_labels, share.fleet_work_rps)
                 cost = _pool_cost(t)

@@ -16,6 +16,7 @@ from keda_llm_scaler.pools import (
     cost_per_million_tokens,
     parse_tier,
     pool_cost_per_hour,
+    pool_reading,
     split,
 )
 
@@ -66,12 +67,13 @@ def test_a_falling_demand_empties_burst_first() -> None:
 
 def test_the_split_does_not_depend_on_the_order_of_the_readings() -> None:
     second = PoolSpec("chat", "t4", tier=2, size=3)
-    readings = [reading(RESERVED, 7.0, unit=10.0), reading(BURST, 1.0, unit=4.0, members=1), reading(second, None,
+    burst = PoolSpec("chat", "l4", tier=1, size=4)  # a middle tier needs a size (else no split: below)
+    readings = [reading(RESERVED, 7.0, unit=10.0), reading(burst, 1.0, unit=4.0, members=1), reading(second, None,
                 members=2, unit=None)]  # fmt: skip
     answers = [split(list(order)) for order in itertools.permutations(readings)]
     assert all(a == answers[0] for a in answers)
     assert answers[0]["a100"].value == 4.0  # and tiers are in their order: reserved, burst, then tier 2
-    assert answers[0]["l4"].value > 0 and answers[0]["t4"].value == 0.0
+    assert answers[0]["l4"].value == 4.0 and answers[0]["t4"].value > 0  # burst full: tier 2 takes the rest
 
 
 def test_tiers_fill_in_their_order_and_the_last_takes_what_no_size_holds() -> None:
@@ -167,3 +169,27 @@ def test_a_pool_key_without_fleet_is_refused(key: str) -> None:
     with pytest.raises(BadMetadata, match=f"{key}.*without fleet") as err:
         parse_trigger("ns", "chat", {**BASE, key: "1"})
     assert err.value.key == key
+
+
+def test_no_split_while_a_pool_before_the_last_has_no_known_size() -> None:
+    # a reservation whose size could not be read would take every demand and tell running burst pools 0
+    unsized = PoolSpec("chat", "a100", tier=0, size=None)
+    shares = split([reading(unsized, 4.0, unit=10.0), reading(BURST, 3.0, unit=10.0, members=3)])
+    assert shares["a100"].value == 4.0 and shares["l4"].value == 3.0  # each its own, as before fleets
+    assert shares["a100"].unsized and "size is unknown" in shares["a100"].explain()
+
+
+def test_a_pool_at_zero_keeps_what_it_starts_without_counting_it_as_the_fleets_demand() -> None:
+    from keda_llm_scaler.policy import Composite
+
+    starting = Composite(3.0, 0, 0, 0.0, 0.0, 0.0, 3.0, "assumed", pressure=3.0)
+    held = Composite(2.4, 0, 0, 0.0, 0.0, 0.0, 2.4, "gateway", pressure=2.4)
+    burst = pool_reading(BURST, starting, 0.9, members=3, known_unit_rps=4.0)
+    assert burst.value == 0.0 and burst.holding == 3.0 and burst.unit_rps == 4.0
+    shares = split([reading(RESERVED, 2.0, unit=10.0), burst])
+    assert shares["l4"].value == 3.0  # its three starting replicas are kept
+    assert shares["a100"].value == 2.0 and shares["l4"].work_rps == 0.0  # and nobody else is given them
+    # a reservation at zero whose gateway holds requests wakes: the held requests are the fleet's demand
+    reserved = pool_reading(RESERVED, held, 0.9, members=0)
+    shares = split([reserved, pool_reading(BURST, None, 0.9, members=0)])
+    assert shares["a100"].value == 2.4

@@ -63,6 +63,7 @@ _KEYS: Final = {
     "coldStart",
     "nodeProvisionSeconds",
     "spotReclaimPerHour",
+    "targetUtilization",
 }
 
 
@@ -77,6 +78,7 @@ class PoolConfig:
     cold_start_s: float | None = None  # mean; None: the profile's
     node_provision_s: float | None = None  # None: a node is always there
     spot_reclaim_per_hour: float = 0.0  # per replica
+    target_utilization: float | None = None  # the pool's trigger key; None: --knob, else the default
 
     @property
     def low(self) -> int:
@@ -100,6 +102,13 @@ def _number(item: dict[str, Any], key: str, where: str, *, integer: bool = False
     if integer and raw != int(raw):
         raise ValueError(f"{where}: {key} must be a whole number of replicas, not {raw!r}")
     return int(raw) if integer else float(raw)
+
+
+def _utilization(item: dict[str, Any], where: str) -> float | None:
+    raw = _number(item, "targetUtilization", where)
+    if raw is not None and not 0.05 <= raw <= 1.0:
+        raise ValueError(f"{where}: targetUtilization must be within [0.05, 1], not {raw!r}")
+    return None if raw is None else float(raw)
 
 
 def load_pools(path: Path) -> list[PoolConfig]:
@@ -153,6 +162,7 @@ def load_pools(path: Path) -> list[PoolConfig]:
                 cold_start_s=_number(item, "coldStart", where),
                 node_provision_s=_number(item, "nodeProvisionSeconds", where),
                 spot_reclaim_per_hour=_number(item, "spotReclaimPerHour", where, default=0.0),
+                target_utilization=_utilization(item, where),
             )
         )
     names = [p.name for p in pools]
@@ -179,12 +189,21 @@ class _Pool:
     max_spec: int = 0
     reclaims: int = 0
     gpu_seconds_at_warmup: float | None = None
+    known_unit_rps: float | None = None
     rng: random.Random = field(default_factory=random.Random)
 
     def reading(self) -> PoolReading:
-        return pool_reading(
-            self.cfg.spec, self.policy.last, self.policy.params.target_utilization, self.fleet.spec_replicas
+        c = self.policy.last
+        reading = pool_reading(
+            self.cfg.spec,
+            c,
+            self.policy.params.target_utilization,
+            self.fleet.count(READY) + self.fleet.count(STARTING),  # members, as discovery counts them
+            self.known_unit_rps,
         )
+        if c is not None and c.demand is not None and c.demand.capacity_rps is not None:
+            self.known_unit_rps = reading.unit_rps  # kept for when the pool is at zero (as the server keeps it)
+        return reading
 
 
 def _route(pools: Sequence[_Pool], backlog: deque[Request], t: float, dt: float, arrivals: Sequence[Request]) -> None:
@@ -266,7 +285,7 @@ def simulate_pools(
         )
         policy = make_policy(
             "composite",
-            cfg.knob,
+            pc.target_utilization if pc.target_utilization is not None else cfg.knob,
             ttft_slo_s=cfg.slo_ttft_s if cfg.composite_slo else None,
             itl_slo_s=cfg.slo_itl_s if cfg.composite_slo else None,
         )
@@ -275,6 +294,8 @@ def simulate_pools(
         cap = capacity_at_slo(profile, mix, cfg.slo_ttft_s, seed=cfg.seed)
         pools.append(_Pool(pc, profile, fleet, policy, hpa, cap, rng=random.Random(f"reclaim:{cfg.seed}:{pc.name}")))
     end = workload.duration_s
+    if cfg.warmup_s >= end:
+        raise ValueError(f"--warmup {cfg.warmup_s:g} s is not shorter than the replay ({end:g} s): nothing would count")
     first = sum(1 for r in workload.requests() if r.t < 300.0) / min(300.0, end or 1.0)
     for p, n in zip(pools, _initial(pools, first), strict=True):
         for _ in range(n):

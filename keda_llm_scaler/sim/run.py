@@ -335,6 +335,8 @@ def simulate(
         itl_slo_s=cfg.slo_itl_s if cfg.composite_slo else None,
     )
     end = workload.duration_s
+    if cfg.warmup_s > 0 and cfg.warmup_s >= end:
+        raise ValueError(f"--warmup {cfg.warmup_s:g} s is not shorter than the replay ({end:g} s): nothing would count")
     cold_mean = profile.cold_start_mean_s if cfg.cold_start_s is None else cfg.cold_start_s
     cold_p90 = cold_mean * profile.cold_start_p90_s / profile.cold_start_mean_s
     oracle = isinstance(policy, OraclePolicy)
