@@ -1,0 +1,99 @@
+"""Two Deployments of one model in one fleet (issue #32): a reserved pool and a burst pool, each with its own
+ScaledObject naming the same ``fleet``. The scaler splits the fleet's demand: the reserved pool takes it up
+to its size (its ``maxReplicaCount``, read from the ScaledObject), the burst pool only what exceeds it, and
+the burst pool gives its replicas back first.
+
+The pods are the stand-in's; the gateway spreading the model's traffic over both pools is played by setting
+each app's load. Both pools state their capacity (3 req/s a replica) so that the split is exact from the
+start: the reserved pool holds 3 replicas, i.e. 8.1 req/s planned at 0.9.
+"""
+
+from __future__ import annotations
+
+import time
+
+from keda_llm_scaler.controlplane.api import Api
+from tests.e2e.kube import Fleet, Pods, eventually, scaler_metric
+
+RESERVED, BURST = "h100", "h200"
+COMMON = {"engine": "vllm", "replicaCapacity": "3", "scrapeInterval": "1", "demandWindow": "20", "fleet": "llama"}
+BEHAVIOR = {
+    "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 4, "periodSeconds": 5}]},
+    "scaleDown": {"stabilizationWindowSeconds": 10, "policies": [{"type": "Pods", "value": 4, "periodSeconds": 5}]},
+}
+
+
+def _ready(pods: Pods, ns: str, app: str) -> int:
+    return sum(1 for p in pods.of(ns, app) if p["ready"])
+
+
+def _served(ns: str, app: str) -> float | None:
+    """What the scaler serves KEDA for this pool now: its share of the fleet's demand."""
+    return scaler_metric("llm_scaler_composite", namespace=ns, scaledobject=app)
+
+
+def test_the_burst_pool_grows_only_past_the_reservation_and_shrinks_first(api: Api, pods: Pods, fleet: Fleet) -> None:
+    ns = fleet.namespace
+    reserved = Fleet(api, ns, app=RESERVED, replicas=1)
+    burst = Fleet(api, ns, app=BURST, replicas=0)
+    reserved.create(grace_s=5)
+    burst.create(grace_s=5)
+    # the reserved pool's size is its maxReplicaCount, read from its ScaledObject (no poolSize)
+    reserved.scaled_object({**COMMON, "service": RESERVED, "poolTier": "reserved", "replicaCostPerHour": "10"},
+                           min_replicas=1, max_replicas=3, behavior=BEHAVIOR, cooldown_s=10)  # fmt: skip
+    burst.scaled_object({**COMMON, "service": BURST, "poolTier": "burst", "replicaCostPerHour": "9"},
+                        trigger="external-push", min_replicas=0, max_replicas=4, behavior=BEHAVIOR,
+                        cooldown_s=10)  # fmt: skip
+    eventually(lambda: _ready(pods, ns, RESERVED) >= 1, 60, "the first reserved pod ready")
+
+    # 3.5 req/s: 1.3 replicas (a step from nothing reads higher for a while: still inside the reservation)
+    pods.load(ns, RESERVED, 3.5)
+    eventually(lambda: reserved.spec_replicas() == 2, 120, "the reserved pool grows to 2")
+    for _ in range(15):
+        assert burst.spec_replicas() == 0, "a burst replica while the reservation had room"
+        assert _served(ns, BURST) == 0.0
+        time.sleep(1)
+
+    # 14 req/s: 5.2 replicas; the reserved pool takes 3 (its size), the burst pool the rest
+    seen: list[tuple[int, int, float | None, float | None]] = []
+
+    def burst_started() -> bool:
+        seen.append((reserved.spec_replicas(), burst.spec_replicas(), _served(ns, RESERVED), _served(ns, BURST)))
+        return seen[-1][1] >= 1
+
+    pods.load(ns, RESERVED, 14.0)
+    eventually(burst_started, 120, "the burst pool starts", interval=0.5)
+    # what the scaler asks for: burst only with the reservation at its size, and never more than its size
+    assert all(r == 3.0 for _, _, r, b in seen if b), f"a burst share before the reservation was full: {seen}"
+    assert all(r is None or r <= 3.0 for _, _, r, _ in seen), seen
+    # and the Deployments follow: the reserved one at its size within an HPA sync of the first burst replica
+    # (two controllers act on the two answers side by side)
+    eventually(lambda: reserved.spec_replicas() == 3, 30, "the reserved pool at its size")
+    assert max(r for r, _, _, _ in seen) <= 3
+    # at least the 2.2 replicas the arrivals ask for; more while the reserved pool's queue drains
+    eventually(lambda: burst.spec_replicas() >= 3, 120, "the burst pool takes the excess: 3 replicas or more")
+    eventually(lambda: _ready(pods, ns, BURST) >= 1, 60, "a burst pod ready")
+    # the gateway now spreads the same 14 req/s over both pools: the demand moves with it, and the split stays
+    pods.load(ns, RESERVED, 8.0)
+    pods.load(ns, BURST, 6.0)
+    for _ in range(8):
+        assert reserved.spec_replicas() == 3
+        assert burst.spec_replicas() >= 2, "the burst pool's demand lost when its traffic moved to it"
+        time.sleep(1)
+    cost = scaler_metric("llm_scaler_fleet_cost_per_hour", namespace=ns, fleet="llama")
+    assert cost is not None and cost >= 3 * 10 + 9, cost  # the reservation whole, and the burst replicas running
+
+    # 7 req/s: 2.6 replicas, inside the reservation: the burst pool gives all its replicas back, the
+    # reserved pool keeps its 3 until then
+    pods.load(ns, BURST, 0.0)
+    pods.load(ns, RESERVED, 7.0)
+    shrinking: list[tuple[int, int, float | None, float | None]] = []
+
+    def burst_gone() -> bool:
+        shrinking.append((reserved.spec_replicas(), burst.spec_replicas(), _served(ns, RESERVED), _served(ns, BURST)))
+        return shrinking[-1][1] == 0
+
+    eventually(burst_gone, 180, "the burst pool back to zero", interval=0.5)
+    assert all(r == 3 for r, b, _, _ in shrinking if b > 0), f"the reservation shrank first: {shrinking}"
+    assert all(r == 3.0 for _, _, r, b in shrinking if b), f"the reservation's share fell first: {shrinking}"
+    assert reserved.spec_replicas() == 3
