@@ -806,7 +806,9 @@ def plot_plan(path: Path, plan: dict[str, Any], title: str) -> None:
     chosen = plan.get("reserved_size")
     if chosen is not None:
         ax.axvline(chosen, color="#1a9850", ls="--", lw=1)
-        ax.annotate(f"reserved_size {chosen}", (chosen, ax.get_ylim()[1]), ha="left", va="top", fontsize=9)
+        ax.annotate(
+            f" reserved_size {chosen}", (chosen, ax.get_ylim()[0]), ha="left", va="bottom", fontsize=9, color="#1a9850"
+        )
     ax.set_xlabel("reserved pool size (replicas)")
     ax.set_ylabel("cost")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -820,6 +822,6 @@ def plot_plan(path: Path, plan: dict[str, Any], title: str) -> None:
     ax2.set_ylabel("SLO attainment (%)")
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper center", fontsize=8)
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper right", fontsize=8)
     fig.savefig(path, dpi=_DPI)
     plt.close(fig)
