@@ -147,7 +147,13 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
 
     async def _answer(self, target: Target, context: grpc.aio.ServicerContext[Any, Any]) -> Composite:
         await self._warm(target, context)
-        return target.current()[1]
+        try:
+            composite = target.current()[1]
+        except NoFreshData as exc:
+            target.note_answer(str(exc))
+            raise
+        target.note_answer(None)
+        return composite
 
     # -- RPCs ------------------------------------------------------------------------------------
     @_unary("GetMetricSpec")
@@ -187,7 +193,13 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     ) -> pb.IsActiveResponse:
         _, target = self._target(request)
         await self._warm(target, context)
-        return pb.IsActiveResponse(result=target_active(target))  # workloadClass: keda_llm_scaler.activity
+        try:
+            active = target_active(target)  # workloadClass: keda_llm_scaler.activity
+        except NoFreshData as exc:
+            target.note_answer(str(exc))
+            raise
+        target.note_answer(None)
+        return pb.IsActiveResponse(result=active)
 
     async def StreamIsActive(
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]

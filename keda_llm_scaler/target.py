@@ -140,6 +140,7 @@ class Target:
         configured = cfg.scoring.replica_capacity
         self._known_unit_rps: float | None = None if configured is None else configured * cfg.scoring.target_utilization
         self._pool_replicas: int | None = None  # ceil of the last share, to log pool_split on a change
+        self._unanswered: str | None = None  # why the last call got no answer (None: it got one)
         # the loop RPCs run on: snapshots published from the scrape loop's thread are handed over to it
         try:
             self._owner: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -253,6 +254,17 @@ class Target:
                 why=share.explain(),
             )
         return share
+
+    def note_answer(self, unavailable: str | None) -> None:
+        """Log when this target's calls stop getting an answer (UNAVAILABLE: KEDA neither scales it to zero
+        nor, without a fallback, acts on it) and when they get one again: once per change, not per call."""
+        if (unavailable is None) == (self._unanswered is None):
+            return
+        if unavailable is not None:
+            log.warning("answers_unavailable", target=self.cfg.label, error=unavailable)
+        else:
+            log.info("answers_recovered", target=self.cfg.label, after=self._unanswered)
+        self._unanswered = unavailable
 
     def is_fresh(self) -> bool:
         try:

@@ -212,8 +212,14 @@ async def test_never_resolved_is_unavailable(kube: tuple[FakeKube, FakeKubeServe
             assert get("llm_scaler_target_up", labels) == 0.0
             assert get("llm_scaler_members", {**labels, "phase": "ready"}) is None
             assert get("llm_scaler_replicas", {**labels, "state": "fresh"}) is None
+            # and answers without data are one warning too: KEDA neither acts on such a target nor takes it to zero
+            for _ in range(3):
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await keda.poll()
     # the same 403 on every cycle is one warning, not one per cycle
     assert len([e for e in logs if e["event"] == "discovery_failed"]) == 1
+    unanswered = [e for e in logs if e["event"] == "answers_unavailable"]
+    assert len(unanswered) == 1 and "403" in unanswered[0]["error"], unanswered
 
 
 async def test_missing_service_is_unavailable_not_zero(kube: tuple[FakeKube, FakeKubeServer, Path]) -> None:
