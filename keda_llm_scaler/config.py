@@ -76,6 +76,9 @@ class Settings:
     victim_ranking: str = ""
     victim_ranking_interval: float = 10.0
     victim_ranking_burst: int = 16
+    state_dir: Path | None = None
+    state_configmap: str = ""
+    state_interval: float = 10.0
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -96,6 +99,7 @@ class Settings:
             ("shutdown_grace", self.shutdown_grace, 0.0),
             ("victim_ranking_interval", self.victim_ranking_interval, 1.0),
             ("victim_ranking_burst", self.victim_ranking_burst, 1),
+            ("state_interval", self.state_interval, 1.0),
         )
         for name, value, low in checks:
             if not (math.isfinite(value) and value >= low):
@@ -106,6 +110,10 @@ class Settings:
         parse_networks(self.refuse_networks, "--refuse-networks")
         parse_networks(self.allow_networks, "--allow-networks")
         parse_scope(self.victim_ranking)
+        if self.state_configmap:
+            parse_configmap_ref(self.state_configmap)
+            if self.state_dir is not None:
+                raise ValueError("--state-dir and --state-configmap: one place for learned state, not both")
         if not _valid_host(self.host):
             raise ValueError(f"--host {self.host!r}: accepted: an IP address or a host name")
 
@@ -156,6 +164,11 @@ SETTINGS_HELP: Final[dict[str, str]] = {
     "empty: off",
     "victim_ranking_interval": "seconds between two victim-ranking passes of one fleet",
     "victim_ranking_burst": "most pod-deletion-cost patches in one pass of one fleet",
+    "state_dir": "keep what the fleets learned (capacity per token mix, start-up times, the demand window) in "
+    "this directory, read at start; empty: kept in memory only",
+    "state_configmap": "the same in this ConfigMap, NAMESPACE/NAME (in a cluster; needs get and update on it); "
+    "every scaler pod of a release shares it",
+    "state_interval": "seconds between two writes of the learned state",
 }
 
 # Field annotations are strings here (from __future__ import annotations).
@@ -226,6 +239,14 @@ def _check_pem(settings: Settings) -> None:
             raise ValueError(f"{flag} {path}: {exc.strerror or exc}") from None
         if "-----BEGIN " not in text or marker not in text:
             raise ValueError(f"{flag} {path}: not a PEM file with a {marker.lower()}")
+
+
+def parse_configmap_ref(raw: str) -> tuple[str, str]:
+    """``NAMESPACE/NAME`` -> (namespace, name); ValueError naming the flag otherwise."""
+    namespace, _, name = raw.partition("/")
+    if not namespace or not name or "/" in name:
+        raise ValueError(f"--state-configmap {raw!r}: accepted: NAMESPACE/NAME")
+    return namespace, name
 
 
 def address_policy(settings: Settings) -> AddressPolicy:

@@ -73,6 +73,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from keda_llm_scaler.learned import LearnedState
 from keda_llm_scaler.queueing import rate_within_wait
 
 __all__ = [
@@ -335,6 +336,7 @@ MIN_MIX_REQUESTS: Final = 20
 FILLING_SHARE: Final = 1.1  # a running batch 10 % larger than a scrape ago is still filling
 HEALTHY_TTFT_SHARE: Final = 0.25  # served healthily: first tokens within a quarter of the SLO on average
 SERVED_SAMPLES: Final = 256
+RESTORED: Final = "(restored)"  # the replica a capacity reading kept across a restart is credited to
 SERVED_TRUST: Final = 1.2  # a capacity read from KV or from a tipping is believed up to 1.2x the rate replicas served
 
 
@@ -352,11 +354,16 @@ class Mix:
         )
 
 
-def _describes(t: float, sample_mix: Mix | None, now: float | None, mix: Mix | None) -> bool:
+def _describes(
+    t: float, sample_mix: Mix | None, now: float | None, mix: Mix | None, restored_at: float | None = None
+) -> bool:
     """A capacity reading describes the fleet while its mix holds (within MIX_TOLERANCE, however long
-    ago it was taken); where tokens are not counted, for SAMPLE_MAX_AGE_S."""
+    ago it was taken); where tokens are not counted, for SAMPLE_MAX_AGE_S. A reading taken on a mix
+    before a restart (``restored_at``) waits for the current mix to be known: never trusted blindly."""
     if sample_mix is not None and mix is not None:
         return sample_mix.near(mix)
+    if sample_mix is not None and restored_at is not None and t <= restored_at:
+        return False
     return now is None or t > now - SAMPLE_MAX_AGE_S
 
 
@@ -432,6 +439,9 @@ class DemandTracker:
         self._open_t: float | None = None
         self._open = _Bin(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, True)
         self._open_member_s = 0.0
+        self._restored_at: float | None = None  # when ``adopt`` took what a previous process learned
+        self._restored_mix: Mix | None = None  # the mix the fleet was last seen on before the restart
+        self._last_mix: Mix | None = None  # the last mix known (kept across a restart: ``learned``)
 
     # -- input -----------------------------------------------------------------------------------
     def observe(
@@ -613,8 +623,8 @@ class DemandTracker:
         """The highest rate one replica served healthily over the served window, on this mix (a lower bound
         of its capacity, however the knee is shaped), never above the rate replicas tipped over at
         (``tipped``, from the first onset); None before any such reading."""
-        mix = self.mix(now)
-        rates = [r for r, t, m in self._served if _describes(t, m, now, mix)]
+        mix = self._judging_mix(now)
+        rates = [r for r, t, m in self._served if _describes(t, m, now, mix, self._restored_at)]
         if not rates:
             return None
         tipped = self.tipped(now, 1)  # lowering a capacity errs on the safe side: one onset is enough
@@ -625,8 +635,8 @@ class DemandTracker:
     def tipped(self, now: float | None, enough: int = MIN_CAPACITY_SAMPLES) -> float | None:
         """The median load per replica at the onset of an episode past the knee (``_note_tipped``), on this
         mix, from ``enough`` onsets; None before."""
-        mix = self.mix(now)
-        rates = [r for t, r, m in self._tipped if _describes(t, m, now, mix)]
+        mix = self._judging_mix(now)
+        rates = [r for t, r, m in self._tipped if _describes(t, m, now, mix, self._restored_at)]
         return statistics.median(rates) if rates and len(rates) >= enough else None
 
     def add_startup(self, seconds: float) -> None:
@@ -709,7 +719,90 @@ class DemandTracker:
                 math.fsum(b.prompt_tokens for b in window) / n, math.fsum(b.generation_tokens for b in window) / n
             )
         self._mix_memo = (now, self._bins_closed, mix)
+        if mix is not None:
+            self._last_mix = mix
         return mix
+
+    def _judging_mix(self, now: float | None) -> Mix | None:
+        """The mix readings are judged against: the fleet's own, else (after a restart, until the fleet shows
+        its mix again) the one it was last seen on before it. Readings of another mix drop out as soon as
+        the fleet's own is known."""
+        return self.mix(now) or self._restored_mix
+
+    # -- kept across restarts (keda_llm_scaler.learned) --------------------------------------------
+    def basis(self) -> tuple[tuple[str, float | None], ...]:
+        """What this tracker's readings depend on beyond the fleet: a capacity is a rate within this SLO,
+        and bins are this long."""
+        return (
+            ("bin_s", self.bin_s),
+            ("calm_window_s", self.config.calm_window_s),
+            ("ttft_slo_quantile", self.slo_quantile),
+            ("ttft_slo_s", self.ttft_slo_s),
+        )
+
+    def learned(self, now: float) -> LearnedState:
+        """What this tracker has learned, times as ages at ``now``: its readings, start-ups, and the bins of
+        its demand window (``config.history_s``, not the longer retention)."""
+
+        def tag(m: Mix | None) -> tuple[float, float] | None:
+            return None if m is None else (m.prompt, m.generated)
+
+        return LearnedState(
+            capacity=tuple((now - t, c, tag(m)) for t, _, c, m in self._capacity),
+            tipped=tuple((now - t, r, tag(m)) for t, r, m in self._tipped),
+            served=tuple((now - t, r, tag(m)) for r, t, m in sorted(self._served, reverse=True)),
+            startups=tuple(self._startups),
+            startups_measured=self._measured_startups,
+            mix=tag(self.mix(now) or self._last_mix or self._restored_mix),
+            bins=tuple(
+                (
+                    now - b.end,
+                    b.span,
+                    b.arrivals,
+                    b.counted,
+                    b.util_s,
+                    b.replica_s,
+                    b.complete,
+                    b.prompt_tokens,
+                    b.generation_tokens,
+                    b.token_requests,
+                )
+                for b in self._bins
+                if b.end > now - self.config.history_s
+            ),
+        )
+
+    def adopt(self, state: LearnedState, now: float) -> None:
+        """Take ``state`` (ages at ``now``) as what this new tracker knows. Readings tagged with a token mix are
+        judged against the mix the fleet was last seen on (``state.mix``) until its own is known again, then
+        against its own (``_judging_mix``): a restart answers with what it learned at once, and drops it
+        as soon as the traffic shows another mix. Without a mix to judge by, tagged readings do not count
+        (``_describes``). Bins older than the retention are dropped."""
+
+        def mix(tag: tuple[float, float] | None) -> Mix | None:
+            return None if tag is None else Mix(tag[0], tag[1])
+
+        for age, rps, tag in state.capacity[-CAPACITY_SAMPLES:]:
+            self._capacity.append((now - age, RESTORED, rps, mix(tag)))
+        for age, rps, tag in state.tipped[-CAPACITY_SAMPLES:]:
+            self._tipped.append((now - age, rps, mix(tag)))
+        for age, rps, tag in state.served[:SERVED_SAMPLES]:
+            reading = (rps, now - age, mix(tag))
+            if len(self._served) < SERVED_SAMPLES:
+                heapq.heappush(self._served, reading)
+            elif rps > self._served[0][0]:
+                heapq.heapreplace(self._served, reading)
+        self._startups.extend(state.startups[-STARTUP_SAMPLES:])
+        self._measured_startups = self._measured_startups or state.startups_measured
+        restored = [
+            _Bin(now - b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9])
+            for b in sorted(state.bins, key=lambda b: -b[0])
+            if b[0] < self.retain_s
+        ]
+        self._bins.extendleft(reversed(restored))
+        self._bins_closed += len(restored)
+        self._restored_at = now
+        self._restored_mix = mix(state.mix)
 
     # -- output ----------------------------------------------------------------------------------
     def capacity(
@@ -717,8 +810,8 @@ class DemandTracker:
     ) -> tuple[float | None, str]:
         if configured is not None:
             return configured, "configured"
-        mix = self.mix(now) if now is not None else None
-        fresh = [c for t, _, c, m in self._capacity if _describes(t, m, now, mix)]
+        mix = self._judging_mix(now) if now is not None else None
+        fresh = [c for t, _, c, m in self._capacity if _describes(t, m, now, mix, self._restored_at)]
         learned = statistics.median(fresh) if len(fresh) >= MIN_CAPACITY_SAMPLES else 0.0
         tipped, served = self.tipped(now), self.served(now)
         if tipped is not None and served is not None:  # readings are kept only when positive
@@ -790,6 +883,15 @@ class DemandTracker:
         ``retain_s``), else the tracker's own."""
         c = config or self.config
         window = [b for b in self._bins if b.end > now - c.history_s]
+        if self._restored_at is not None:
+            # bins kept across a restart bridge its first seconds (the load and the mix are known at once);
+            # once two of its own are in, the rate is read from them alone, as a process that started cold
+            # reads it: a window spanning the restart reacts to a load rising after it more slowly (the step
+            # in tests/test_replay_restart.py: 55 % of requests within the SLO over the next 15 minutes,
+            # against 61 % for a scaler that forgot everything)
+            own = [b for b in window if b.end > self._restored_at]
+            if len(own) >= 2:
+                window = own
         if len(window) < 2 or not all(b.complete for b in window):
             return None
         rates = [(b.end, b.rate) for b in window]

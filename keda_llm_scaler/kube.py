@@ -460,6 +460,44 @@ class KubeClient:
             outcome = PATCH_CONFLICT  # the UID in the patch is not the pod's: the API server says "immutable"
         return PatchResult(outcome, resp.status_code, message[:300])
 
+    # -- the scaler's own state (keda_llm_scaler.state_store): never cached, written with resourceVersion --
+    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        data = await self._fetch(
+            f"/api/v1/namespaces/{namespace}/configmaps/{name}", None, f"get ConfigMap {namespace}/{name}", True
+        )
+        return data if isinstance(data, dict) else None
+
+    async def _write(self, method: str, path: str, body: dict[str, Any], what: str) -> bool:
+        """True when written, False on a conflict (409: changed or created meanwhile); KubeError otherwise."""
+        self.requests += 1
+        try:
+            resp = await self._http.request(
+                method, path, content=json.dumps(body), headers={**self._auth(), "Content-Type": "application/json"}
+            )
+        except (httpx.HTTPError, OSError) as exc:
+            raise KubeError(f"Kubernetes API {what}: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code in (200, 201):
+            return True
+        if resp.status_code == 409:
+            return False
+        try:
+            message = str(resp.json().get("message", ""))
+        except (ValueError, AttributeError):
+            message = resp.text[:200]
+        raise KubeError(f"Kubernetes API {what}: HTTP {resp.status_code} {message[:300]}".rstrip())
+
+    async def replace_configmap(self, namespace: str, name: str, obj: dict[str, Any]) -> bool:
+        """PUT the object as read (its resourceVersion makes a concurrent change a 409, not a lost write)."""
+        return await self._write(
+            "PUT", f"/api/v1/namespaces/{namespace}/configmaps/{name}", obj, f"update ConfigMap {namespace}/{name}"
+        )
+
+    async def create_configmap(self, namespace: str, name: str, data: dict[str, str]) -> bool:
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data}
+        return await self._write(
+            "POST", f"/api/v1/namespaces/{namespace}/configmaps", body, f"create ConfigMap {namespace}/{name}"
+        )
+
     async def aclose(self) -> None:
         for informer in self._informers.values():
             informer.stop()

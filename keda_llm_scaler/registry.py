@@ -14,10 +14,11 @@ import structlog
 from keda_llm_scaler.discovery import make_resolver
 from keda_llm_scaler.errors import BadMetadata, ScalerError
 from keda_llm_scaler.kube import KubeClient
+from keda_llm_scaler.learned import FleetRecord
 from keda_llm_scaler.loops import ScrapeLoop
 from keda_llm_scaler.metadata import TriggerConfig, metadata_hints, parse_trigger
 from keda_llm_scaler.scrape import Scraper
-from keda_llm_scaler.target import CycleObserver, FleetGroup, FleetWorker, ScrapeObserver, Target
+from keda_llm_scaler.target import CycleObserver, FleetGroup, FleetWorker, ScrapeObserver, Target, fleet_id
 
 __all__ = ["TargetRegistry", "TooManyTargets"]
 
@@ -53,8 +54,11 @@ class TargetRegistry:
         clock: Callable[[], float] = time.monotonic,
         scrape_loop: ScrapeLoop | None = None,
         ranker: CycleObserver | None = None,
+        learned: Callable[[str], FleetRecord | None] | None = None,
     ) -> None:
+        """``learned``: a fleet's record kept across restarts, by fleet id (``--state-dir``, a ConfigMap)."""
         self._scraper = scraper
+        self._learned = learned
         self._ranker = ranker  # victim ranking (--victim-ranking), told of every fleet's cycles
         # where fleets scrape (a thread of its own in `serve`); the scraper and the Kubernetes client live there
         self._scrape_loop = scrape_loop or ScrapeLoop(threaded=False)
@@ -125,6 +129,7 @@ class TargetRegistry:
                     scrape_loop=self._scrape_loop,
                     ranker=self._ranker,
                     kube=self._kube,
+                    learned=None if self._learned is None else self._learned(fleet_id(cfg)),
                 )
                 self._fleets[cfg.fleet_key] = worker
             target = Target(cfg, worker, clock=self._clock)

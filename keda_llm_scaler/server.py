@@ -12,6 +12,7 @@ import re
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
@@ -25,15 +26,17 @@ from prometheus_client import start_http_server
 from keda_llm_scaler._proto import externalscaler_pb2 as pb
 from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_llm_scaler.addresses import set_policy
-from keda_llm_scaler.config import Settings, address_policy, describe
+from keda_llm_scaler.config import Settings, address_policy, describe, parse_configmap_ref
 from keda_llm_scaler.deletion_cost import VictimRanker
 from keda_llm_scaler.kube import KubeClient, KubeConfig, KubeError
+from keda_llm_scaler.learned import FleetRecord
 from keda_llm_scaler.loops import ScrapeLoop
 from keda_llm_scaler.ranking_scope import parse_scope
 from keda_llm_scaler.registry import TargetRegistry
 from keda_llm_scaler.request_limit import MAX_REQUEST_BYTES, RequestLimitInterceptor
 from keda_llm_scaler.scrape import Scraper
 from keda_llm_scaler.service import ExternalScalerService
+from keda_llm_scaler.state_store import ConfigMapStore, DirectoryStore, StateKeeper, StateStore
 from keda_llm_scaler.telemetry import ScalerMetrics
 from keda_llm_scaler.workers import ScrapeWorkers, worker_count
 
@@ -176,6 +179,28 @@ def _keepalive_budget(reserve: int = 1024) -> int:
     return max(0, soft - reserve)
 
 
+STATE_FLUSH_S: Final = 3.0  # at shutdown, the last write of the learned state may take this long
+
+
+def _state_keeper(
+    settings: Settings, kube: KubeClient | None, metrics: ScalerMetrics, scrape_loop: ScrapeLoop
+) -> StateKeeper | None:
+    """Where learned state is kept: --state-dir, else --state-configmap (which needs the Kubernetes API)."""
+    store: StateStore
+    if settings.state_dir is not None:
+        store = DirectoryStore(settings.state_dir)
+    elif settings.state_configmap:
+        if kube is None:
+            raise KubeError(
+                "--state-configmap keeps learned state in a ConfigMap, and this scaler has no access to the "
+                "Kubernetes API (no in-cluster service account, --kubeconfig or --kube-api-url)"
+            )
+        store = ConfigMapStore(kube, *parse_configmap_ref(settings.state_configmap))
+    else:
+        return None
+    return StateKeeper(store, settings.state_interval, on_write=metrics.state_written, run_on=scrape_loop.run)
+
+
 class ScalerServer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -217,6 +242,7 @@ class ScalerServer:
                 burst=settings.victim_ranking_burst,
                 registry=self.metrics.registry,
             )
+        self.state = _state_keeper(settings, kube, self.metrics, self.scrape_loop)
         self.registry = TargetRegistry(
             self.scraper,
             kube=kube,
@@ -226,6 +252,7 @@ class ScalerServer:
             max_targets=settings.max_targets,
             allow_cross_namespace=settings.allow_cross_namespace,
             scrape_loop=self.scrape_loop,
+            learned=None if self.state is None else self.state.record_for,
         )
         self.health = health.aio.HealthServicer()
         self.grpc = grpc.aio.server(
@@ -279,6 +306,8 @@ class ScalerServer:
         for name in HEALTH_SERVICES:
             await self.health.set(name, _SERVING)
         self.scrape_loop.start()  # before the first RPC can create a fleet
+        if self.state is not None:
+            await self.state.load()  # before the first RPC: a fleet's first answer uses what was learned
         if self.workers is not None:
             await self.scrape_loop.run(self.workers.start())  # their sockets belong to the scrape loop
         await self.grpc.start()
@@ -286,6 +315,8 @@ class ScalerServer:
             asyncio.create_task(self.registry.run_evictor(), name="evictor"),
             asyncio.create_task(self._watch_readiness(), name="readiness"),
         ]
+        if self.state is not None:
+            self._tasks.append(asyncio.create_task(self.state.run(self._learned_now), name="state"))
         log.info(
             "scaler_started",
             grpc_port=self.grpc_port,
@@ -294,6 +325,15 @@ class ScalerServer:
             mtls=self.settings.tls_client_ca is not None,
             settings=describe(self.settings),
         )
+
+    async def _learned_now(self) -> dict[str, FleetRecord]:
+        """Every fleet's record, exported on the scrape loop (where their trackers change)."""
+
+        async def export() -> dict[str, FleetRecord]:
+            wall = time.time()
+            return {w.id: w.learned(wall) for w in self.registry.fleets()}
+
+        return await self.scrape_loop.run(export())
 
     def readiness(self) -> bool:
         """Ready unless every target is without fresh data: one broken fleet must not take the scaler
@@ -324,6 +364,13 @@ class ScalerServer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.state is not None:  # what was learned since the last write (a rolling update loses nothing)
+            try:
+                await asyncio.wait_for(self.state.write(await self._learned_now()), STATE_FLUSH_S)
+            except TimeoutError:
+                log.warning("state_flush_timed_out", after_s=STATE_FLUSH_S)
+            except Exception:  # the shutdown goes on: the last periodic write is kept
+                log.exception("state_flush_crashed")
         await self.registry.aclose()
         await self.scrape_loop.aclose()
         set_policy(self._previous_policy)

@@ -38,6 +38,7 @@ from keda_llm_scaler.fleet import (
 )
 from keda_llm_scaler.gateway import GATEWAY_ENGINE
 from keda_llm_scaler.kube import KubeClient, KubeError
+from keda_llm_scaler.learned import FleetRecord, aged
 from keda_llm_scaler.loops import ScrapeLoop, Spawned
 from keda_llm_scaler.membership import FAILED_TO_START, PENDING, READY, STARTING, Membership
 from keda_llm_scaler.metadata import MAX_DEMAND_WINDOW_S, TriggerConfig
@@ -393,6 +394,11 @@ def publish_together(pairs: list[tuple[Target, Snapshot]]) -> None:
         owner.call_soon_threadsafe(apply)
 
 
+def fleet_id(cfg: TriggerConfig) -> str:
+    """The scraped fleet's id: stable across processes (its learned state is kept under it)."""
+    return hashlib.sha256(repr(cfg.fleet_key).encode()).hexdigest()[:8]
+
+
 def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
         return asyncio.get_running_loop()
@@ -426,10 +432,13 @@ class FleetWorker:
         scrape_loop: ScrapeLoop | None = None,
         ranker: CycleObserver | None = None,
         kube: KubeClient | None = None,
+        learned: FleetRecord | None = None,
     ) -> None:
+        """``learned``: what a previous process learned about this fleet (``keda_llm_scaler.learned``),
+        taken before the first cycle when it was learned on the same basis."""
         self.cfg = cfg  # the first trigger's: discovery, engine, model, interval and timeout are shared
         self.key = cfg.fleet_key
-        self.id = hashlib.sha256(repr(self.key).encode()).hexdigest()[:8]
+        self.id = fleet_id(cfg)
         self._resolver = resolver
         self._scraper = scraper
         self._observer = observer
@@ -452,6 +461,39 @@ class FleetWorker:
         self._kube = kube
         self._pool_sizes: dict[tuple[str, str], int | None] = {}  # the last read, kept through API errors
         self._pool_size_errors: dict[tuple[str, str], str] = {}  # logged once per distinct error
+        if learned is not None:
+            self._adopt(learned)
+
+    # -- learned state kept across restarts --------------------------------------------------------
+    def _adopt(self, record: FleetRecord) -> None:
+        tracker = self._fleet.demand
+        if record.basis != tracker.basis():
+            # a capacity is a rate within the SLO it was read against: another SLO's readings do not apply
+            log.warning(
+                "state_ignored",
+                target=self.cfg.label,
+                fleet_id=self.id,
+                why=f"learned on {dict(record.basis)}; this fleet is scored on {dict(tracker.basis())}",
+            )
+            return
+        age = time.time() - record.written_at
+        tracker.adopt(aged(record.state, age), self._clock())
+        s = record.state
+        log.info(
+            "state_restored",
+            target=self.cfg.label,
+            fleet_id=self.id,
+            age_s=round(max(0.0, age), 1),
+            capacity_readings=len(s.capacity),
+            served_readings=len(s.served),
+            startups=len(s.startups),
+            bins=len(s.bins),
+        )
+
+    def learned(self, wall: float) -> FleetRecord:
+        """What this fleet has learned, as a record written at ``wall`` (call on the scrape loop)."""
+        tracker = self._fleet.demand
+        return FleetRecord(self.cfg.label, tracker.basis(), wall, tracker.learned(self._clock()))
 
     # -- lifecycle -------------------------------------------------------------------------------
     def attach(self, view: Target) -> None:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -361,6 +361,17 @@ class ScalerMetrics:
             ["method"],
             registry=self.registry,
         )
+        self.state_writes = Counter(
+            "llm_scaler_state_writes",
+            "Writes of the learned state (--state-dir, --state-configmap) by outcome: ok | error",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.state_last_write = Gauge(
+            "llm_scaler_state_last_write_timestamp_seconds",
+            "When the learned state was last written successfully (Unix time)",
+            registry=self.registry,
+        )
         build = GaugeMetricFamily("llm_scaler_build_info", "Build information", labels=["version"])
         build.add_metric([VERSION], 1.0)
 
@@ -372,6 +383,11 @@ class ScalerMetrics:
         if workers is not None:
             self.registry.register(_WorkerCollector(workers))
         self.registry.register(_TargetCollector(targets, clock))
+
+    def state_written(self, outcome: str) -> None:
+        self.state_writes.labels(outcome).inc()
+        if outcome == "ok":
+            self.state_last_write.set_to_current_time()
 
     def no_request(self, method: str) -> None:
         self.rpc_no_request.labels(method).inc()

@@ -1,0 +1,299 @@
+"""Learned state kept across restarts (issue #33): the document's checks (``keda_llm_scaler.learned``), the
+tracker's export and adoption (readings on another token mix are never trusted blindly), the directory
+store shared by two keepers, and a real scaler restarted on the same ``--state-dir`` answering with the
+capacity it learned before, on its first call, against replicas that no longer show it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from keda_llm_scaler import __version__
+from keda_llm_scaler.demand import DemandConfig, DemandTracker, ReplicaCounters
+from keda_llm_scaler.learned import SCHEMA, FleetRecord, LearnedState, aged, decode, encode
+from keda_llm_scaler.sim.keda import KedaEmulator
+from keda_llm_scaler.state_store import STATE_FILE, DirectoryStore, StateKeeper
+from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
+from keda_llm_scaler.testing.replicas import Replica, replicas
+from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
+from tests.test_server_keda import eventually
+from tests.test_telemetry import scrape
+
+BASIS = (("ttft_slo_s", 2.0),)
+
+
+def _record(written_at: float, **state: object) -> FleetRecord:
+    return FleetRecord("ns/llm", BASIS, written_at, LearnedState(**state))  # type: ignore[arg-type]
+
+
+# -- the document ------------------------------------------------------------------------------------
+def test_a_document_round_trips_and_times_age_with_the_wall_clock() -> None:
+    now = time.time()
+    rec = _record(
+        now - 30,
+        capacity=((5.0, 8.25, (512.0, 128.0)),),
+        served=((12.0, 7.5, None),),
+        startups=(61.0, 75.0),
+        startups_measured=True,
+        bins=((10.0, 10.0, 80.0, 80.0, 9.0, 10.0, True, 4096.0, 1024.0, 8.0),),
+    )
+    doc = json.loads(json.dumps(encode({"f1": rec}, __version__)))
+    records, ignored = decode(doc, __version__, now)
+    assert ignored == []
+    got = records["f1"]
+    assert got.state == rec.state and got.basis == BASIS and got.written_at == rec.written_at
+    # read 30 s after it was written, every age is 30 s older
+    assert aged(got.state, 30.0).capacity[0][0] == pytest.approx(35.0)
+    assert aged(got.state, 30.0).bins[0][0] == pytest.approx(40.0)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"schema": SCHEMA + 1}, "schema"),
+        ({"release": "0.0.1"}, "release"),
+        ({"release": 7}, "release"),
+        ({"fleets": []}, "fleets"),
+    ],
+)
+def test_a_document_of_another_schema_or_release_is_ignored_whole(change: dict[str, object], why: str) -> None:
+    doc = {**encode({"f1": _record(time.time(), startups=(60.0,))}, __version__), **change}
+    records, ignored = decode(doc, __version__, time.time())
+    assert records == {} and len(ignored) == 1 and why in ignored[0]
+
+
+def test_a_patch_release_reads_the_document() -> None:
+    major, minor, *_ = (__version__ + ".0.0").split(".")
+    doc = encode({"f1": _record(time.time(), startups=(60.0,))}, f"{major}.{minor}.999")
+    assert list(decode(doc, __version__, time.time())[0]) == ["f1"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("capacity", [[1.0, float("nan"), None]], "capacity"),
+        ("capacity", [[1.0, -3.0, None]], "capacity"),
+        ("served", [[1.0, 2.0]], "served"),
+        ("tipped", [[1.0, 2.0, [1.0]]], "tipped"),
+        ("startups", ["60"], "startups"),
+        ("bins", [[1, 0, 1, 1, 1, 1, True, 0, 0, 0]], "bins"),
+        ("bins", [[1, 10, 1, 1, 1, 1, "yes", 0, 0, 0]], "bins"),
+        ("basis", {"ttft_slo_s": "2"}, "basis"),
+        ("written_at", "yesterday", "written_at"),
+    ],
+)
+def test_a_broken_record_is_dropped_naming_its_field_and_the_others_kept(field: str, value: object, named: str) -> None:
+    now = time.time()
+    doc = encode({"bad": _record(now), "good": _record(now, startups=(60.0,))}, __version__)
+    doc["fleets"]["bad"][field] = value
+    records, ignored = decode(json.loads(json.dumps(doc)), __version__, now)
+    assert list(records) == ["good"]
+    assert len(ignored) == 1 and "bad" in ignored[0] and named in ignored[0], ignored
+
+
+def test_a_record_not_written_for_a_week_is_dropped() -> None:
+    now = time.time()
+    doc = encode({"old": _record(now - 8 * 86400), "new": _record(now - 3600)}, __version__)
+    assert list(decode(doc, __version__, now)[0]) == ["new"]
+
+
+# -- the tracker -------------------------------------------------------------------------------------
+def _drive(
+    tracker: DemandTracker,
+    t0: float,
+    t1: float,
+    rps: float,
+    gauges: tuple[float, float, float],
+    mix: tuple[float, float],
+) -> float:
+    """One replica finishing ``rps`` requests/s from t0 to t1 (a scrape a second), with these (waiting, running,
+    KV) gauges and tokens per request; returns the last time."""
+    t = t0
+    while t <= t1:
+        n = rps * t
+        counters = ReplicaCounters("r1", n, 0.0, *gauges, 0.0, prompt_tokens_total=mix[0] * n,
+                                   generation_tokens_total=mix[1] * n)  # fmt: skip
+        tracker.observe(t, ["r1"], [counters])
+        t += 1.0
+    return t - 1.0
+
+
+def _tracker() -> DemandTracker:
+    return DemandTracker(scrape_interval=1.0, config=DemandConfig(calm_window_s=60.0), ttft_slo_s=2.0)
+
+
+def _overloaded_tracker(prompt: float, generated: float, seconds: float = 120.0) -> tuple[DemandTracker, float]:
+    """A tracker that watched one replica kept past its knee at 8 req/s, counting tokens of this mix."""
+    tracker = _tracker()
+    return tracker, _drive(tracker, 0.0, seconds, 8.0, (10.0, 20.0, 0.97), (prompt, generated))
+
+
+def test_a_new_tracker_adopting_the_state_knows_the_capacity_and_the_load_at_once() -> None:
+    old, now = _overloaded_tracker(500.0, 100.0)
+    cap, source = old.capacity(None, now)
+    assert source == "learned" and cap == pytest.approx(8.0, rel=0.05)
+    state = old.learned(now)
+    new = _tracker()
+    assert new.basis() == old.basis()
+    later = 1000.0  # another process's clock: only the ages carry over
+    new.adopt(aged(state, 5.0), later)
+    est = new.estimate(later)
+    assert est is not None, "the demand window's bins came with the state: the load is known at once"
+    assert est.offered_rps == pytest.approx(8.0, rel=0.1)
+    assert est.capacity_source == "learned" and est.capacity_rps == pytest.approx(cap)
+    # and without the state, a new tracker knows neither
+    fresh = _tracker()
+    assert fresh.estimate(later) is None and fresh.capacity(None, later)[1] == "unknown"
+
+
+def test_readings_are_judged_by_the_mix_they_were_learned_on_and_dropped_when_the_fleet_shows_another() -> None:
+    old, now = _overloaded_tracker(500.0, 100.0)
+    state = old.learned(now)
+    assert state.mix is not None and state.mix[0] == pytest.approx(500.0)
+    # ten minutes after, idle (the bins, and with them the live mix, are gone): judged by the mix the fleet
+    # was last seen on, the capacity is known at once
+    new = _tracker()
+    new.adopt(aged(state, 600.0), 0.0)
+    assert new.capacity(None, 0.0)[1] == "learned"
+    # the same mix comes back: the readings still count
+    same, t = _replay_mix(new, 500.0, 100.0)
+    assert same.capacity(None, t)[1] == "learned"
+    # another mix (4x the prompt): they drop out as soon as the fleet shows it
+    other = _tracker()
+    other.adopt(aged(state, 600.0), 0.0)
+    other, t = _replay_mix(other, 2000.0, 100.0)
+    assert other.capacity(None, t)[0] != pytest.approx(8.0, rel=0.05)
+    # and tagged readings with no mix to judge them by (a record without one) do not count at all
+    blind = _tracker()
+    blind.adopt(dataclasses.replace(aged(state, 600.0), mix=None), 0.0)
+    assert blind.capacity(None, 0.0)[1] == "unknown"
+
+
+def _replay_mix(tracker: DemandTracker, prompt: float, generated: float) -> tuple[DemandTracker, float]:
+    """A calm minute at 2 req/s on this mix (enough finished requests to know it, nothing past a knee)."""
+    return tracker, _drive(tracker, 1.0, 40.0, 2.0, (0.0, 2.0, 0.1), (prompt, generated))
+
+
+# -- the directory store -----------------------------------------------------------------------------
+async def test_two_keepers_sharing_a_directory_keep_each_others_records(tmp_path: Path) -> None:
+    a, b = StateKeeper(DirectoryStore(tmp_path), 1.0), StateKeeper(DirectoryStore(tmp_path), 1.0)
+    now = time.time()
+    await asyncio.gather(
+        *(a.write({f"a{i}": _record(now, startups=(float(i),))}) for i in range(5)),
+        *(b.write({f"b{i}": _record(now, startups=(float(i),))}) for i in range(5)),
+    )
+    c = StateKeeper(DirectoryStore(tmp_path), 1.0)
+    await c.load()
+    assert sorted(c.records) == sorted([f"a{i}" for i in range(5)] + [f"b{i}" for i in range(5)])
+    # of two records of one fleet, the newer wins whoever writes last
+    await a.write({"a0": _record(now + 10, startups=(99.0,))})
+    await b.write({"a0": _record(now + 5, startups=(1.0,))})
+    await c.load()
+    assert c.records["a0"].state.startups == (99.0,)
+
+
+async def test_an_unreadable_state_file_is_ignored_with_the_reason_and_replaced(tmp_path: Path) -> None:
+    (tmp_path / STATE_FILE).write_text("{not json")
+    keeper = StateKeeper(DirectoryStore(tmp_path), 1.0)
+    await keeper.load()
+    assert keeper.records == {}
+    await keeper.write({"f": _record(time.time(), startups=(5.0,))})
+    assert json.loads((tmp_path / STATE_FILE).read_text())["fleets"]["f"]["startups"] == [5.0]
+
+
+# -- a real scaler restarted on the same --state-dir ----------------------------------------------
+FAST = {"scrapeInterval": "0.5", "scrapeTimeout": "0.4", "staleAfter": "1.5", "demandWindow": "20"}
+
+
+def _learned_capacity(port: int) -> float | None:
+    for labels, v in scrape(port).get("llm_scaler_replica_capacity_requests_per_second", []):
+        if labels.get("source") == "learned":
+            return v
+    return None
+
+
+async def _overload(replica: Replica, stop: asyncio.Event) -> None:
+    """8 requests/s finish at a replica kept past its knee (a queue, KV full)."""
+    t0 = time.monotonic()
+    while not stop.is_set():
+        replica.set(payload=vllm_v1([EngineLoad(10, 20, 0.97)], success=8.0 * (time.monotonic() - t0)))
+        await asyncio.sleep(0.1)
+
+
+async def _poll(keda: KedaEmulator) -> bool:
+    try:
+        await keda.poll()
+    except grpc.aio.AioRpcError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["same-state-dir", "fresh-state-dir"])
+async def test_a_restarted_scaler_answers_with_the_capacity_it_learned_on_its_first_call(
+    tmp_path: Path, keep: bool
+) -> None:
+    with replicas(vllm_v1([EngineLoad(0, 0, 0.0)])) as (replica,):
+        meta = {"endpoints": replica.url, **FAST}
+        stop = asyncio.Event()
+        load = asyncio.create_task(_overload(replica, stop))
+        try:
+            async with running_scaler(state_dir=tmp_path / "a", state_interval=1.0) as first, channel_to(first) as ch:
+                keda = KedaEmulator(ch, "llm", "serving", meta)
+
+                async def learned() -> bool:
+                    return await _poll(keda) and _learned_capacity(first.metrics_port) is not None
+
+                await eventually(learned, timeout=30.0)
+                cap = _learned_capacity(first.metrics_port)
+                assert cap == pytest.approx(8.0, rel=0.25)
+        finally:
+            stop.set()
+            await load
+        # the replica now idles: nothing left to learn a capacity from
+        replica.set(payload=vllm_v1([EngineLoad(0, 0, 0.0)], success=1e6))
+        again = tmp_path / ("a" if keep else "b")
+        async with running_scaler(state_dir=again, state_interval=1.0) as second, channel_to(second) as ch:
+            keda = KedaEmulator(ch, "llm", "serving", meta)
+            await eventually(lambda: _poll(keda), timeout=15.0)
+            (target,) = second.registry.targets()
+            snap = target.snapshot
+            assert snap is not None and snap.composite is not None
+            demand = snap.composite.demand
+            if keep:
+                # the first answer's: its first scrape cycle could not have learned it from an idle replica
+                assert demand is not None and demand.capacity_source == "learned", demand
+                assert demand.capacity_rps == pytest.approx(cap, rel=0.01)
+                assert _learned_capacity(second.metrics_port) == pytest.approx(cap, rel=0.01)
+            else:
+                assert demand is None or demand.capacity_source != "learned", demand
+                assert _learned_capacity(second.metrics_port) is None
+
+
+async def test_a_standby_keeps_the_others_records_current_for_a_failover(tmp_path: Path) -> None:
+    primary, standby = StateKeeper(DirectoryStore(tmp_path), 1.0), StateKeeper(DirectoryStore(tmp_path), 1.0)
+    await standby.load()
+    assert standby.records == {}
+
+    async def nothing() -> dict[str, FleetRecord]:
+        return {}  # KEDA calls the other pod: this one serves no fleet
+
+    task = asyncio.create_task(standby.run(nothing))
+    try:
+        await primary.write({"f": _record(time.time(), startups=(42.0,))})
+
+        async def seen() -> bool:
+            rec = standby.record_for("f")
+            return rec is not None and rec.state.startups == (42.0,)
+
+        await eventually(seen, timeout=10.0)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
