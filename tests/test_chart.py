@@ -81,6 +81,18 @@ def test_every_rendered_object_validates(values: dict[str, Any]) -> None:
 
 def test_defaults_render_the_minimum() -> None:
     kinds = sorted(d["kind"] for d in render())
+    # discovery's read-only Role, and the learned state's ConfigMap with the Role that may update it alone
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "Role",
+        "Role",
+        "RoleBinding",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+    ]
+    kinds = sorted(d["kind"] for d in render({"state": {"enabled": False}}))
     assert kinds == ["Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
 
 
@@ -89,8 +101,11 @@ def test_everything_on_renders_every_piece() -> None:
     kinds = {d["kind"] for d in docs}
     assert {"PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "PrometheusRule", "ConfigMap"} <= kinds
     # read access where ScaledObjects are served, and the victim-ranking writer where it is enabled
-    assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["batch", "serving", "serving"]
-    cm = by_kind(docs, "ConfigMap")[0]
+    roles = sorted(
+        r["metadata"]["namespace"] for r in by_kind(docs, "Role") if not r["metadata"]["name"].endswith("-state")
+    )
+    assert roles == ["batch", "serving", "serving"]
+    (cm,) = [c for c in by_kind(docs, "ConfigMap") if not c["metadata"]["name"].endswith("-state")]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert '"title": "keda-llm-scaler"' in cm["data"]["keda-llm-scaler.json"]
 
@@ -148,11 +163,40 @@ def test_rbac_is_read_only_and_least_privilege() -> None:
         assert roles
         for role in roles:
             for rule in role["rules"]:
+                if role["metadata"]["name"].endswith("-state"):
+                    continue  # test_learned_state_is_one_configmap_the_scaler_may_update_and_nothing_else
                 assert set(rule["verbs"]) <= {"get", "list", "watch"}
                 assert "secrets" not in rule["resources"] and "*" not in rule["resources"]
     assert not by_kind(render(), "ClusterRole")  # namespaced unless asked
     assert by_kind(render({"rbac": {"clusterWide": True}}), "ClusterRoleBinding")
     assert not by_kind(render({"rbac": {"create": False}}), "Role")
+
+
+def test_learned_state_is_one_configmap_the_scaler_may_update_and_nothing_else() -> None:
+    docs = render()
+    (cm,) = [c for c in by_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("-state")]
+    assert "data" not in cm, "the chart creates it empty: an upgrade must not reset what the scaler wrote"
+    assert cm["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("-state")]
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [cm["metadata"]["name"]],
+            "verbs": ["get", "update"],
+        }
+    ]
+    (dep,) = by_kind(docs, "Deployment")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["LLM_SCALER_STATE_CONFIGMAP"] == f"{cm['metadata']['namespace']}/{cm['metadata']['name']}"
+    # as `serve` reads it
+    assert settings_from(argparse.Namespace(), env).state_configmap == env["LLM_SCALER_STATE_CONFIGMAP"]
+    off = render({"state": {"enabled": False}})
+    assert not [r for r in by_kind(off, "Role") if r["metadata"]["name"].endswith("-state")]
+    (dep,) = by_kind(off, "Deployment")
+    assert "LLM_SCALER_STATE_CONFIGMAP" not in {
+        e["name"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
 
 
 def test_victim_ranking_grants_patch_on_pods_only_where_it_is_enabled() -> None:
@@ -262,8 +306,14 @@ def test_two_releases_shard_scaled_objects_without_colliding() -> None:
     for release, docs in rendered.items():
         (svc,) = by_kind(docs, "Service")
         assert svc["metadata"]["name"].startswith(release)
-        bound = {d["metadata"]["namespace"] for d in by_kind(docs, "RoleBinding")}
+        bound = {
+            d["metadata"]["namespace"]
+            for d in by_kind(docs, "RoleBinding")
+            if not d["metadata"]["name"].endswith("-state")
+        }
         assert bound == set(shards[release]["rbac"]["namespaces"])
+        (state,) = [c for c in by_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("-state")]
+        assert state["metadata"]["name"].startswith(release)  # each release keeps its own
     (deploy,) = by_kind(rendered["llm-scaler-a"], "Deployment")
     env = {e["name"]: e.get("value") for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["LLM_SCALER_SCRAPE_WORKERS"] == "2"

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import uuid
@@ -69,6 +70,7 @@ class Granted:
     nx: str
     service_account: str
     applied: list[dict[str, Any]]
+    state_configmap: str  # the learned state's (in the release namespace), which the chart creates
 
 
 @pytest.fixture
@@ -77,7 +79,12 @@ def granted(api: Api, pods: Pods) -> Iterator[Granted]:
     ga, gb, nx = f"rbac-ga-{suffix}", f"rbac-gb-{suffix}", f"rbac-nx-{suffix}"
     release = f"rbac-{suffix}"  # its own ServiceAccount and names: nothing else in "keda" is touched
     docs = render({"rbac": {"namespaces": [ga, gb]}, "victimRanking": {"namespaces": [ga]}}, release)
-    rbac = [d for d in docs if d["kind"] in RBAC_KINDS]
+    rbac = [
+        d
+        for d in docs
+        if d["kind"] in RBAC_KINDS or (d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-state"))
+    ]
+    (state,) = [d["metadata"]["name"] for d in rbac if d["kind"] == "ConfigMap"]
     accounts = [d for d in rbac if d["kind"] == "ServiceAccount"]
     assert len(accounts) == 1, f"the chart renders one ServiceAccount: {accounts}"
     sa = accounts[0]["metadata"]["name"]
@@ -94,7 +101,7 @@ def granted(api: Api, pods: Pods) -> Iterator[Granted]:
             # the serviceaccount controller makes "default"; pods are refused until it exists
             eventually(partial(api.get, "v1", "ServiceAccount", ns, "default"), 60, f"default ServiceAccount in {ns}")
             Fleet(api=api, namespace=ns, app="vllm", replicas=2).create(grace_s=1)
-        yield Granted(ga, gb, nx, sa, applied)
+        yield Granted(ga, gb, nx, sa, applied, state)
     finally:
         for ns in namespaces:
             with contextlib.suppress(httpx.HTTPError):
@@ -153,7 +160,8 @@ def scaler(api: Api, granted: Granted, tmp_path: Path) -> Iterator[Scaler]:
            "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
            "--kube-api-url", server, "--kube-token-file", str(token_file), "--kube-ca-file", str(ca),
            "--log-json", "true", "--scrape-workers", "0",
-           "--victim-ranking", f"{granted.ga},{granted.gb}", "--victim-ranking-interval", "2"]  # fmt: skip
+           "--victim-ranking", f"{granted.ga},{granted.gb}", "--victim-ranking-interval", "2",
+           "--state-configmap", f"{RELEASE_NAMESPACE}/{granted.state_configmap}", "--state-interval", "1"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_SCALER_") and k != "KUBECONFIG"}
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -227,7 +235,7 @@ def _ask(stub: pb_grpc.ExternalScalerStub, ns: str) -> tuple[grpc.StatusCode, st
 
 
 def test_the_charts_rbac_grants_discovery_and_ranking_only_where_it_says(
-    api: Api, pods: Pods, granted: Granted, scaler: Scaler
+    api: Api, pods: Pods, granted: Granted, scaler: Scaler, tmp_path: Path
 ) -> None:
     ga, gb, nx = granted.ga, granted.gb, granted.nx
     kinds = sorted((d["kind"], d["metadata"].get("namespace", "")) for d in granted.applied)
@@ -308,3 +316,31 @@ def test_the_charts_rbac_grants_discovery_and_ranking_only_where_it_says(
     patches = _audited_pod_patches(user)
     assert patches.get(gb, 0) >= 1 and patches.get(ga, 0) >= 1, f"pod patches by {user}: {patches} ({costs_ga})"
     assert nx not in patches
+
+    # learned state: written into the chart's ConfigMap, for both fleets it scrapes, under the chart's Role
+    def state_written() -> set[str]:
+        cm = api.get("v1", "ConfigMap", RELEASE_NAMESPACE, granted.state_configmap) or {}
+        raw = (cm.get("data") or {}).get("learned-state.json")
+        labels = {r["label"] for r in json.loads(raw)["fleets"].values()} if raw else set()
+        if {f"{ga}/vllm", f"{gb}/vllm"} <= labels:
+            return labels
+        raise AssertionError(f"fleets in the state: {labels}")
+
+    eventually(state_written, 30, "the learned state written for both fleets")
+    assert scaler_metric("llm_scaler_state_writes_total", scaler.metrics_url, outcome="ok")
+    assert not scaler_metric("llm_scaler_state_writes_total", scaler.metrics_url, outcome="error")
+    # and that one ConfigMap is all it may touch: another in the same namespace is refused, read or written
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"other-{granted.state_configmap}",
+             "namespace": RELEASE_NAMESPACE}, "data": {"k": "v"}}  # fmt: skip
+    api.apply(other)
+    try:
+        server, ca = _cluster()
+        token = (tmp_path / "token").read_text()
+        url = f"{server}/api/v1/namespaces/{RELEASE_NAMESPACE}/configmaps/{other['metadata']['name']}"
+        with httpx.Client(
+            verify=ssl.create_default_context(cafile=str(ca)), headers={"Authorization": f"Bearer {token}"}, timeout=10
+        ) as sa:
+            assert sa.get(url).status_code == 403
+            assert sa.put(url, json=other).status_code == 403
+    finally:
+        api.delete("v1", "ConfigMap", RELEASE_NAMESPACE, other["metadata"]["name"])
