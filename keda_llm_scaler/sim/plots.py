@@ -825,3 +825,42 @@ def plot_plan(path: Path, plan: dict[str, Any], title: str) -> None:
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper right", fontsize=8)
     fig.savefig(path, dpi=_DPI)
     plt.close(fig)
+
+
+def plot_restart(path: Path, title: str, restart_at_s: float, runs: dict[str, list[dict[str, Any]]]) -> None:
+    """``--restart-at``: load, desired replicas and TTFT p95 of each run ("none", "kept", "forgotten") over the
+    hour around the restart, the restart marked."""
+    colors = {"none": "#999999", "kept": "#1a9850", "forgotten": "#d73027"}
+    labels = {"none": "no restart", "kept": "restart, state kept", "forgotten": "restart, state forgotten"}
+    lo, hi = restart_at_s - 1200.0, restart_at_s + 2400.0
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(11, 7), dpi=_DPI, layout="constrained", sharex=True)
+    ax.set_title(f"A scaler restart: {title}", fontsize=10, loc="left")
+    some = next(iter(runs.values()))
+    near = [p for p in some if lo <= float(p["t"] or 0.0) <= hi]
+    load = ax.twinx()
+    load.fill_between(
+        [float(p["t"] or 0) / 60 for p in near], [float(p["load_rps"] or 0) for p in near], color="#deebf7", lw=0
+    )
+    load.set_ylabel("load (req/s)")
+    ax.set_zorder(load.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    for name, timeline in runs.items():
+        pts = [p for p in timeline if lo <= float(p["t"] or 0.0) <= hi]
+        minutes = [float(p["t"] or 0) / 60 for p in pts]
+        ax.step(
+            minutes, [p["desired"] for p in pts], where="post", color=colors.get(name), label=labels.get(name, name)
+        )
+        ax2.plot(
+            minutes, [p.get("ttft_p95_s") for p in pts], color=colors.get(name), lw=1, label=labels.get(name, name)
+        )
+    for a in (ax, ax2):
+        a.axvline(restart_at_s / 60, color="black", ls="--", lw=1)
+        a.grid(alpha=0.3)
+    ax.annotate(" restart", (restart_at_s / 60, ax.get_ylim()[1]), va="top", fontsize=9)
+    ax.set_ylabel("desired replicas")
+    ax.legend(loc="upper left", fontsize=8)
+    ax2.set_ylabel("TTFT p95 over the last minute (s)")
+    ax2.set_yscale("log")
+    ax2.set_xlabel("minutes into the day")
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)

@@ -87,6 +87,18 @@ class CompositePolicy(Policy):
         self._composite: float | None = None
         self.last: Composite | None = None  # the latest scoring, whole
 
+    def restart(self, now: float, keep_state: bool) -> None:
+        """The scaler process restarts at ``now``: everything in memory is lost. ``keep_state``: the new process
+        reads what the old one persisted (``serve --state-dir``; ``keda_llm_scaler.learned``) before its first
+        cycle, as ``serve`` does; else it starts cold, as every release before 0.3.0 did."""
+        learned = self._state.demand.learned(now) if keep_state else None
+        self._state = FleetState(self.params, self.stale_after_s, self.scrape_interval_s, self.demand)
+        if learned is not None:
+            self._state.demand.adopt(learned, now)
+        self._composite = self.value = None
+        self.last = None
+        self._next = now
+
     def sample(self, now: float, fleet: SimulatedFleet) -> None:
         starting = len(fleet.with_state(STARTING))
         self._state.update(now, (Observation(p.name, p.replica.signals()) for p in _ready(fleet)), starting)

@@ -165,6 +165,20 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
         "from then on (after_warmup), beside the whole run's (default 0)",
     )
     f.add_argument(
+        "--restart-at",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the scaler restarts at this time: its memory is lost, KEDA's calls fail for 10 s, and the new "
+        "process reads what the old one persisted (serve --state-dir / the chart's ConfigMap); after_restart "
+        "reports the 15 minutes that follow (composite only)",
+    )
+    f.add_argument(
+        "--forget-state",
+        action="store_true",
+        help="with --restart-at: the new process starts cold, as without --state-dir",
+    )
+    f.add_argument(
         "--pools",
         type=Path,
         default=None,
@@ -253,6 +267,12 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--max-queue must be >= 1 (omit it for no admission limit)")
     if not (args.warmup >= 0 and math.isfinite(args.warmup)):
         raise ValueError("--warmup must be a finite number of seconds >= 0")
+    if args.restart_at is not None and not (args.restart_at > 0 and math.isfinite(args.restart_at)):
+        raise ValueError("--restart-at must be a finite number of seconds > 0")
+    if args.forget_state and args.restart_at is None:
+        raise ValueError("--forget-state goes with --restart-at")
+    if args.restart_at is not None and (args.pools is not None or args.sweep or args.policy != "composite"):
+        raise ValueError("--restart-at restarts the composite's scaler: with --policy composite, no --sweep or --pools")
     if args.plan_reserved is not None and args.pools is None:
         raise ValueError("--plan-reserved goes with --pools")
     if args.pools is not None and (args.sweep or args.policy != "composite"):
@@ -290,6 +310,8 @@ def _config(args: argparse.Namespace, policy: str, knob: float | None) -> RunCon
         seed=args.seed,
         composite_slo=args.composite_slo,
         warmup_s=args.warmup,
+        restart_at_s=args.restart_at,
+        forget_state=args.forget_state,
     )
 
 
@@ -465,6 +487,12 @@ def _one(args: argparse.Namespace) -> int:
         )
         if args.warmup > 0:
             print(_warmup_words(s["after_warmup"]))
+        if "after_restart" in s:
+            r = s["after_restart"]
+            print(
+                f"restarted at {r['restart_at_s']:g} s ({'state kept' if r['kept_state'] else 'state forgotten'}): "
+                f"the next {r['window_s']:g} s, {r['requests']} requests, SLO attainment {r['slo_attainment']:.2%}"
+            )
     return 0
 
 

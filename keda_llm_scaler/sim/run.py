@@ -19,7 +19,7 @@ from typing import Any, Final
 from keda_llm_scaler.sim.fleet import DRAINING, READY, STARTING, ScaleDown, SimulatedFleet
 from keda_llm_scaler.sim.hpa import BEHAVIORS, Hpa
 from keda_llm_scaler.sim.oracle import oracle_schedule
-from keda_llm_scaler.sim.policies import OraclePolicy, Policy, make_policy
+from keda_llm_scaler.sim.policies import CompositePolicy, OraclePolicy, Policy, make_policy
 from keda_llm_scaler.sim.profiles import Profile, get_profile
 from keda_llm_scaler.sim.ranker import Ranker
 from keda_llm_scaler.sim.replica import REJECTED, Request, SimReplica
@@ -40,6 +40,9 @@ __all__ = [
 
 TICK_S: Final = 1.0
 TIMELINE_EVERY_S: Final = 10.0
+# a scaler pod replaced (killed, rescheduled, ready): KEDA's calls fail meanwhile and the HPA holds
+RESTART_OUTAGE_S: Final = 10.0
+RESTART_WINDOW_S: Final = 900.0  # after_restart: the requests that arrived within this of the restart
 # capacity: the rate at which a replica still serves this share of the requests an idle replica serves in
 # time. Mixes with a sharp knee (the conversation mix: 100 % at 14 req/s, 0 % at 15) give the same rate
 # as a 99.9 % rule within 2 %; mixes with head-of-line blocking (long prompts: attainment falls a point
@@ -77,6 +80,11 @@ class RunConfig:
     # attainment, GPU-hours (and cost) are also counted from this time on (``after_warmup``): the fleet
     # runs through it, but a start that no policy could know about does not count against it
     warmup_s: float = 0.0
+    # the scaler restarts at this time (composite only): its memory is lost, and it is out for
+    # RESTART_OUTAGE_S (the HPA holds, as on a metric it cannot read); with ``forget_state`` the new process
+    # starts cold, else it reads what the old one persisted
+    restart_at_s: float | None = None
+    forget_state: bool = False
 
 
 @dataclass
@@ -254,10 +262,20 @@ class _Accumulator(_Counted):
     """What a finished request leaves behind: counts, TTFT histograms (whole run, per 10 s of arrival), and
     the same counts over the requests that arrived after the warm-up (``after``)."""
 
-    def __init__(self, slo_ttft_s: float, keep: bool, slo_itl_s: float | None = None, warmup_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        slo_ttft_s: float,
+        keep: bool,
+        slo_itl_s: float | None = None,
+        warmup_s: float = 0.0,
+        restart_at_s: float | None = None,
+    ) -> None:
         super().__init__(slo_ttft_s, slo_itl_s)
         self.warmup_s = warmup_s
         self.after = _Counted(slo_ttft_s, slo_itl_s)
+        self.restart_at_s = restart_at_s
+        # the requests that arrived in the RESTART_WINDOW_S after a scaler restart
+        self.around_restart = None if restart_at_s is None else _Counted(slo_ttft_s, slo_itl_s)
         self.by_bin: dict[int, TtftHistogram] = {}  # by 10 s of arrival, until no point needs it
         self.arrived: dict[int, int] = {}
         self._waiting_points: deque[dict[str, float | None]] = deque()
@@ -301,6 +319,9 @@ class _Accumulator(_Counted):
         super().add(r)
         if r.arrival >= self.warmup_s:
             self.after.add(r)
+        start = self.restart_at_s
+        if self.around_restart is not None and start is not None and start <= r.arrival < start + RESTART_WINDOW_S:
+            self.around_restart.add(r)
         b = int(r.arrival // TIMELINE_EVERY_S)
         hist = self.by_bin.get(b)
         if hist is None:
@@ -335,6 +356,11 @@ def simulate(
         itl_slo_s=cfg.slo_itl_s if cfg.composite_slo else None,
     )
     end = workload.duration_s
+    if cfg.restart_at_s is not None:
+        if not isinstance(policy, CompositePolicy):
+            raise ValueError(f"--restart-at: the {cfg.policy} policy keeps no learned state; only composite does")
+        if not 0 < cfg.restart_at_s < end:
+            raise ValueError(f"--restart-at {cfg.restart_at_s:g} s: not inside the replay (0-{end:g} s)")
     if cfg.warmup_s > 0 and cfg.warmup_s >= end:
         raise ValueError(f"--warmup {cfg.warmup_s:g} s is not shorter than the replay ({end:g} s): nothing would count")
     cold_mean = profile.cold_start_mean_s if cfg.cold_start_s is None else cfg.cold_start_s
@@ -378,7 +404,8 @@ def simulate(
         fleet.add(0.0, ready=True)
     hpa.warm_start(0.0, initial)
 
-    acc = _Accumulator(cfg.slo_ttft_s, cfg.keep_requests, cfg.slo_itl_s, cfg.warmup_s)
+    acc = _Accumulator(cfg.slo_ttft_s, cfg.keep_requests, cfg.slo_itl_s, cfg.warmup_s, cfg.restart_at_s)
+    scaler_down_until: float | None = None
     gpu_seconds_at_warmup: float | None = 0.0 if cfg.warmup_s <= 0 else None
     arrivals = _arrivals(workload)
     upcoming = next(arrivals, None)
@@ -412,7 +439,13 @@ def simulate(
         t = t_next
         if gpu_seconds_at_warmup is None and t >= cfg.warmup_s:
             gpu_seconds_at_warmup = fleet.gpu_seconds
-        policy.observe(t, fleet)
+        if cfg.restart_at_s is not None and scaler_down_until is None and t >= cfg.restart_at_s:
+            assert isinstance(policy, CompositePolicy)
+            policy.restart(t, keep_state=not cfg.forget_state)
+            scaler_down_until = t + RESTART_OUTAGE_S
+        scaler_up = scaler_down_until is None or t >= scaler_down_until
+        if scaler_up:
+            policy.observe(t, fleet)
         if ranker is not None:
             ranker.observe(t, fleet, policy.demand_replicas)
         desired = fleet.spec_replicas
@@ -421,7 +454,8 @@ def simulate(
             desired = max(cfg.min_replicas, min(cfg.max_replicas, fixed))
         elif t + 1e-9 >= next_sync:
             next_sync += cfg.hpa_sync_s
-            desired = hpa.decide(t, fleet.spec_replicas, fleet.count(READY), policy.reading())
+            reading = policy.reading() if scaler_up else None  # out: KEDA's call fails, the HPA holds
+            desired = hpa.decide(t, fleet.spec_replicas, fleet.count(READY), reading)
         if desired != fleet.spec_replicas:
             scale_events += 1
             scale_downs += desired < fleet.spec_replicas
@@ -504,6 +538,18 @@ def simulate(
         "duration_s": end,
         **workload.describe(),
         "after_warmup": after_warmup(acc, cfg.warmup_s, end, gpu_hours * 3600.0, gpu_seconds_at_warmup),
+        **(
+            {}
+            if acc.around_restart is None or cfg.restart_at_s is None
+            else {
+                "after_restart": {
+                    "restart_at_s": cfg.restart_at_s,
+                    "kept_state": not cfg.forget_state,
+                    "window_s": RESTART_WINDOW_S,
+                    **acc.around_restart.summary(),
+                }
+            }
+        ),
         "config": {k: v for k, v in asdict(cfg).items() if k != "keep_requests"},
     }
     return RunResult(summary, timeline, acc.kept or [])

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""A scaler restart with and without its learned state (issue #33): ``replay --restart-at``.
+
+    python -m benchmarks.restart_state [OUT_DIR]      # ~25 min on 2 cores; default docs/state
+
+Each day: six hours of ServeGen's aggregate curve for one model, with the mix's tokens, scaled so its
+busiest 10-minute window needs PEAK_REPLICAS replicas at the profile's capacity at the 2 s TTFT SLO on
+that mix. The scaler restarts RESTART_BEFORE_RISE_S before the curve's steepest rise (the worst moment to
+start cold: the load grows while nothing is known), and is out for 10 s (``sim/run.py``,
+RESTART_OUTAGE_S). Three runs per day: no restart, a restart that reads the persisted state (what
+``serve --state-dir`` and the chart's ConfigMap do), and one that forgets it (``--forget-state``: every
+release before 0.3.0). 2 s TTFT SLO given to the composite, the README's ``llm`` HPA behavior, seed 0, a
+900 s warm-up.
+
+Nothing here was tuned: the restart keeps what the tracker learned and the rules that read it are
+unchanged. ``8b-h200`` is the capacity matrix's held-out validation profile (docs/replay.md) and
+``70b-h100x2`` the KV-bound one; ``70b-h100x4`` is the profile the composite's rules were chosen on.
+
+Writes OUT_DIR/restart.json and OUT_DIR/restart-<day>.png (replicas and attainment around the restart,
+kept against forgotten), and prints the table with the command line that reproduces each row.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, Final
+
+from keda_llm_scaler.sim.profiles import get_profile
+from keda_llm_scaler.sim.run import RunConfig, capacity_at_slo, simulate
+from keda_llm_scaler.sim.trace import BUNDLED_TRACE
+from keda_llm_scaler.sim.workload import BUNDLED_CURVE, CurveWorkload
+
+PEAK_REPLICAS: Final = 8.0
+WARMUP_S: Final = 900.0
+RESTART_BEFORE_RISE_S: Final = 300.0
+RESTARTS_PER_DAY: Final = 5  # evenly spaced after the warm-up, beside the one before the steepest rise
+TARGET: Final = 0.99
+# name: (curve model, hours, mix, profile, role)
+DAYS: Final[dict[str, tuple[str, tuple[float, float], str, str, str]]] = {
+    "reference": ("m-mid", (30.0, 36.0), "conversation", "70b-h100x4", "the profile the rules were chosen on"),
+    "held-out-type": ("m-large", (0.0, 6.0), "conversation", "8b-h200", "held-out validation profile"),
+    "kv-bound": ("m-small", (100.0, 106.0), "decode-heavy", "70b-h100x2", "KV-bound, held out"),
+}
+
+
+def _day(name: str) -> tuple[CurveWorkload, list[float]]:
+    """The day's workload (peak at PEAK_REPLICAS replicas' worth) and its restart times: RESTART_BEFORE_RISE_S
+    before the steepest rise between two 10-minute windows, then RESTARTS_PER_DAY evenly spaced."""
+    model, hours, mix, profile, _ = DAYS[name]
+    base = CurveWorkload.build(BUNDLED_CURVE, BUNDLED_TRACE, model=model, hours=hours, peak_rate=1.0, mix=mix)
+    cap = capacity_at_slo(get_profile(profile), base.token_mix(4000, 0), 2.0)
+    peak = round(PEAK_REPLICAS * cap, 2)
+    day = CurveWorkload.build(BUNDLED_CURVE, BUNDLED_TRACE, model=model, hours=hours, peak_rate=peak, mix=mix)
+    rates, window = day.rates, day.window_s
+    first = int(WARMUP_S // window) + 1
+    rise = max(range(max(first, 1), len(rates)), key=lambda i: rates[i] - rates[i - 1])
+    span = day.duration_s - WARMUP_S - 900.0  # every restart has its 15 minutes inside the day
+    spaced = [WARMUP_S + span * (k + 0.5) / RESTARTS_PER_DAY for k in range(RESTARTS_PER_DAY)]
+    return day, [max(WARMUP_S, rise * window - RESTART_BEFORE_RISE_S), *spaced]
+
+
+def command(name: str, peak: float, restart_at: float | None, forget: bool) -> str:
+    model, hours, mix, profile, _ = DAYS[name]
+    extra = "" if restart_at is None else f" --restart-at {restart_at:g}" + (" --forget-state" if forget else "")
+    return (
+        f"keda-llm-scaler replay --trace conv --rate-curve servegen --curve-model {model} "
+        f"--hours {hours[0]:g}:{hours[1]:g} --mix {mix} --peak-rate {peak:g} --profile {profile} "
+        f"--hpa-behavior llm --warmup {WARMUP_S:g}{extra}"
+    )
+
+
+def _run(job: tuple[str, float | None, bool]) -> tuple[str, float | None, bool, dict[str, Any], list[dict[str, Any]]]:
+    name, restart_at, forget = job
+    day, _ = _day(name)
+    cfg = RunConfig(
+        profile=DAYS[name][3], hpa_behavior="llm", warmup_s=WARMUP_S, restart_at_s=restart_at, forget_state=forget
+    )
+    result = simulate(day, cfg)
+    return name, restart_at, forget, result.summary, result.timeline
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f} %"
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0]) if argv else Path("docs/state")
+    out.mkdir(parents=True, exist_ok=True)
+    jobs: list[tuple[str, float | None, bool]] = []
+    for name in DAYS:
+        jobs.append((name, None, False))
+        for at in _day(name)[1]:
+            jobs += [(name, at, False), (name, at, True)]
+    started = time.perf_counter()
+    results: dict[str, dict[str, Any]] = {}
+    timelines: dict[tuple[str, float | None, bool], list[dict[str, Any]]] = {}
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        for i, (name, at, forget, summary, timeline) in enumerate(pool.map(_run, jobs), 1):
+            day, times = _day(name)
+            peak = round(max(day.rates), 2)
+            r = results.setdefault(
+                name, {"peak_rps": peak, "profile": DAYS[name][3], "role": DAYS[name][4], "runs": []}
+            )
+            r["runs"].append(
+                {
+                    "restart_at_s": at,
+                    "state": None if at is None else ("forgotten" if forget else "kept"),
+                    "before_steepest_rise": at == times[0],
+                    "after_warmup": summary["after_warmup"],
+                    "after_restart": summary.get("after_restart"),
+                    "gpu_hours": summary["gpu_hours"],
+                    "command": command(name, peak, at, forget),
+                }
+            )
+            if at is None or at == times[0]:
+                timelines[(name, at, forget)] = timeline
+            took = time.perf_counter() - started
+            print(
+                f"[{i}/{len(jobs)}] {name} {at} {'forget' if forget else ''}: {took:.0f}s", file=sys.stderr, flush=True
+            )
+    (out / "restart.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    from keda_llm_scaler.sim.plots import plot_restart
+
+    for name in DAYS:
+        first = _day(name)[1][0]
+        plot_restart(
+            out / f"restart-{name}.png",
+            f"{name}: {DAYS[name][3]}, {DAYS[name][0]} h{DAYS[name][1][0]:g}-{DAYS[name][1][1]:g} [{DAYS[name][2]}]",
+            first,
+            {"none": timelines[(name, None, False)], "kept": timelines[(name, first, False)],
+             "forgotten": timelines[(name, first, True)]},
+        )  # fmt: skip
+    print(
+        "| day | profile | no restart | kept: after warm-up (min) | forgotten: after warm-up (min) "
+        "| 15 min after: kept / forgotten (mean) | kept >= forgotten | GPU-h kept / forgotten (mean) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        runs = r["runs"]
+        none = next(x for x in runs if x["state"] is None)
+        kept = sorted((x for x in runs if x["state"] == "kept"), key=lambda x: x["restart_at_s"])
+        forgot = sorted((x for x in runs if x["state"] == "forgotten"), key=lambda x: x["restart_at_s"])
+        n = len(kept)
+
+        def mean(xs: list[dict[str, Any]], *path: str) -> float:
+            vals = []
+            for x in xs:
+                v: Any = x
+                for k in path:
+                    v = v[k]
+                vals.append(float(v))
+            return sum(vals) / len(vals)
+
+        wins = sum(
+            k["after_warmup"]["slo_attainment"] >= f["after_warmup"]["slo_attainment"]
+            for k, f in zip(kept, forgot, strict=True)
+        )
+        print(
+            f"| {name} | {r['profile']} | {_pct(none['after_warmup']['slo_attainment'])} "
+            f"| {_pct(mean(kept, 'after_warmup', 'slo_attainment'))} "
+            f"({_pct(min(x['after_warmup']['slo_attainment'] for x in kept))}) "
+            f"| {_pct(mean(forgot, 'after_warmup', 'slo_attainment'))} "
+            f"({_pct(min(x['after_warmup']['slo_attainment'] for x in forgot))}) "
+            f"| {_pct(mean(kept, 'after_restart', 'slo_attainment'))} / "
+            f"{_pct(mean(forgot, 'after_restart', 'slo_attainment'))} | {wins} of {n} "
+            f"| {mean(kept, 'gpu_hours'):.1f} / {mean(forgot, 'gpu_hours'):.1f} |"
+        )
+    for name, r in results.items():
+        for x in r["runs"]:
+            print(f"{name}: {x['command']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
