@@ -67,8 +67,8 @@ class Scaler:
 
 
 @contextmanager
-def scaler() -> Iterator[Scaler]:
-    with serve() as proc, grpc.insecure_channel(proc.address) as channel:
+def scaler(*args: str) -> Iterator[Scaler]:
+    with serve(*args) as proc, grpc.insecure_channel(proc.address) as channel:
         yield Scaler(proc, pb_grpc.ExternalScalerStub(channel))
 
 
