@@ -48,6 +48,25 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "through the environment variable named in its help.",
     )
     add_serve_arguments(serve)
+    shadow = sub.add_parser(
+        "shadow",
+        help="scrape and score workloads exactly as serve does, without acting: what the scaler would ask for",
+        description="Scrape and score the workloads of --config exactly as serve does, but answer no KEDA: "
+        "their current autoscaler keeps control. Exports llm_scaler_composite and "
+        "llm_scaler_shadow_desired_replicas beside the workloads' own replicas; --record writes what it saw. "
+        "Takes every serve flag (Kubernetes access, ports, learned state).",
+    )
+    shadow.add_argument("--config", type=Path, required=True, help="the workloads (YAML; docs/shadow.md)")
+    shadow.add_argument("--record", type=Path, default=None, help="append one JSON line per workload per cycle")
+    add_serve_arguments(shadow)
+    shadow_report = sub.add_parser(
+        "shadow-report",
+        help="turn a shadow recording (or Prometheus' copy of its series) into a PNG and a markdown report",
+    )
+    if command == "shadow-report":
+        from keda_llm_scaler.shadow_report import add_shadow_report_arguments
+
+        add_shadow_report_arguments(shadow_report)
     inspect = sub.add_parser(
         "inspect",
         help="read one replica's /metrics and print its signals",
@@ -255,6 +274,8 @@ def _plots_missing(args: argparse.Namespace) -> str | None:
         needs = "--sweep's Pareto plot"
     elif args.command == "loadgen" and args.plot is not None:
         needs = "--plot"
+    elif args.command == "shadow-report":
+        needs = "the report's plots"
     else:
         return None  # a replay without --plot or --sweep draws nothing: it runs without matplotlib
     try:
@@ -316,6 +337,17 @@ def _main(argv: list[str]) -> int:
             _print_human(report)
         return 0
 
+    if args.command == "shadow-report":
+        if (missing := _plots_missing(args)) is not None:
+            print(f"keda-llm-scaler shadow-report: {missing}", file=sys.stderr)
+            return 2
+        from keda_llm_scaler.shadow_report import shadow_report_main
+
+        return shadow_report_main(args)
+
+    if args.command == "shadow":
+        return _shadow(args)
+
     if args.command == "probe":
         from keda_llm_scaler.probe import probe_main
 
@@ -351,6 +383,38 @@ def _main(argv: list[str]) -> int:
         return replay_main(args)
 
     return _serve(args)
+
+
+def _shadow(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from keda_llm_scaler.config import settings_from
+    from keda_llm_scaler.errors import ScalerError
+    from keda_llm_scaler.kube import KubeError
+    from keda_llm_scaler.logs import configure_logging
+    from keda_llm_scaler.server import BindError
+    from keda_llm_scaler.shadow import ShadowConfigError, load_shadow_config, run_shadow
+
+    try:
+        settings = settings_from(args)
+        workloads = load_shadow_config(args.config)
+    except (ValueError, ShadowConfigError) as exc:
+        print(f"keda-llm-scaler shadow: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_json)
+    try:
+        if args.record is None:
+            asyncio.run(run_shadow(settings, workloads))
+        else:
+            with args.record.open("a") as record:
+                asyncio.run(run_shadow(settings, workloads, record))
+    except (BindError, KubeError, ScalerError) as exc:  # a port, a kubeconfig, metadata Kubernetes must read
+        print(f"keda-llm-scaler shadow: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"keda-llm-scaler shadow: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -336,11 +336,12 @@ MIN_MIX_REQUESTS: Final = 20
 FILLING_SHARE: Final = 1.1  # a running batch 10 % larger than a scrape ago is still filling
 HEALTHY_TTFT_SHARE: Final = 0.25  # served healthily: first tokens within a quarter of the SLO on average
 SERVED_SAMPLES: Final = 256
+LEARNED_SERVED_KEPT: Final = 64  # of the served readings, the highest kept across a restart (the bound is a max)
 RESTORED: Final = "(restored)"  # the replica a capacity reading kept across a restart is credited to
 SERVED_TRUST: Final = 1.2  # a capacity read from KV or from a tipping is believed up to 1.2x the rate replicas served
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, order=True)  # ordered: heap entries of equal rate and time compare it
 class Mix:
     """Tokens per request the fleet served: what a capacity in requests/s is a capacity of."""
 
@@ -750,7 +751,10 @@ class DemandTracker:
         return LearnedState(
             capacity=tuple((now - t, c, tag(m)) for t, _, c, m in self._capacity),
             tipped=tuple((now - t, r, tag(m)) for t, r, m in self._tipped),
-            served=tuple((now - t, r, tag(m)) for r, t, m in sorted(self._served, reverse=True)),
+            served=tuple(
+                (now - t, r, tag(m))
+                for r, t, m in heapq.nlargest(LEARNED_SERVED_KEPT, self._served, key=lambda x: x[0])
+            ),
             startups=tuple(self._startups),
             startups_measured=self._measured_startups,
             mix=tag(self.mix(now) or self._last_mix or self._restored_mix),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Final, Protocol
 
@@ -204,22 +205,30 @@ def _container_port(pod_spec: dict[str, Any]) -> int | None:
 class WorkloadResolver:
     """Zero-config: the ScaledObject's scaleTargetRef (a Deployment or StatefulSet) -> its pods."""
 
-    def __init__(self, d: Discovery, kube: KubeClient, scaled_object: str) -> None:
+    def __init__(
+        self, d: Discovery, kube: KubeClient, scaled_object: str, scale_target: Mapping[str, str] | None = None
+    ) -> None:
+        """``scale_target``: the scaleTargetRef itself, where there is no ScaledObject to read it from (shadow)."""
         self._d = d
         self._kube = kube
         self._scaled_object = scaled_object
+        self._scale_target = scale_target
 
     async def resolve(self) -> Membership:
         d, ns = self._d, self._d.namespace
         errors: list[str] = []
         try:
-            so = await self._kube.get_scaledobject(ns, self._scaled_object)
-            if so is None:
-                raise DiscoveryError(
-                    f"ScaledObject {ns}/{self._scaled_object} not found (zero-config discovery "
-                    "reads its scaleTargetRef); set `service`, `dnsName` or `endpoints`"
-                )
-            ref = (so.get("spec") or {}).get("scaleTargetRef") or {}
+            ref: Mapping[str, Any]
+            if self._scale_target is not None:
+                ref = self._scale_target
+            else:
+                so = await self._kube.get_scaledobject(ns, self._scaled_object)
+                if so is None:
+                    raise DiscoveryError(
+                        f"ScaledObject {ns}/{self._scaled_object} not found (zero-config discovery "
+                        "reads its scaleTargetRef); set `service`, `dnsName` or `endpoints`"
+                    )
+                ref = (so.get("spec") or {}).get("scaleTargetRef") or {}
             kind, api_version = ref.get("kind") or "Deployment", ref.get("apiVersion") or "apps/v1"
             workload = await self._kube.get_workload(ns, api_version, kind, str(ref.get("name", "")))
             if workload is None:
@@ -239,7 +248,9 @@ class WorkloadResolver:
         return _log_refused(f"ScaledObject {ns}/{self._scaled_object}", membership, errors)
 
 
-def make_resolver(d: Discovery, kube: KubeClient | None, scaled_object: str = "") -> Resolver:
+def make_resolver(
+    d: Discovery, kube: KubeClient | None, scaled_object: str = "", scale_target: Mapping[str, str] | None = None
+) -> Resolver:
     if d.kind == "static":
         return StaticResolver(d)
     if d.kind == "dns":
@@ -260,5 +271,5 @@ def make_resolver(d: Discovery, kube: KubeClient | None, scaled_object: str = ""
             "endpoints or dnsName, or run the scaler in-cluster",
         )
     if d.kind == "workload":
-        return WorkloadResolver(d, kube, scaled_object)
+        return WorkloadResolver(d, kube, scaled_object, scale_target)
     return KubernetesResolver(d, kube)

@@ -32,6 +32,7 @@ __all__ = [
     "compatible_release",
     "decode",
     "encode",
+    "encode_record",
 ]
 
 SCHEMA: Final = 1
@@ -77,7 +78,7 @@ def _mix_out(m: MixTag) -> list[float] | None:
     return None if m is None else [_r(m[0]), _r(m[1])]
 
 
-def _encode_record(rec: FleetRecord) -> dict[str, Any]:
+def encode_record(rec: FleetRecord) -> dict[str, Any]:
     s = rec.state
     return {
         "label": rec.label,
@@ -95,17 +96,32 @@ def _encode_record(rec: FleetRecord) -> dict[str, Any]:
 
 def encode(records: Mapping[str, FleetRecord], release: str) -> dict[str, Any]:
     """The document: every record by its fleet's key."""
-    return {"schema": SCHEMA, "release": release, "fleets": {k: _encode_record(r) for k, r in records.items()}}
+    return {"schema": SCHEMA, "release": release, "fleets": {k: encode_record(r) for k, r in records.items()}}
 
 
 class _Invalid(ValueError):
     pass
 
 
-def _num(x: object, what: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x < 0:
-        raise _Invalid(f"{what}: not a finite number >= 0")
-    return float(x)
+# What a sane record holds, beyond which it is not a scaler's (a hand edit, corruption, another program):
+MAX_RATE: Final = 1e6  # requests/s per replica; tokens per request
+MAX_COUNT: Final = 1e12  # arrivals, tokens, replica-seconds in one bin
+MAX_STARTUP_S: Final = 86400.0
+MAX_BIN_SPAN_S: Final = 3600.0
+CLOCK_SKEW_S: Final = 300.0  # a record written this far in the future is a wrong clock, not a record
+
+
+def _num(x: object, what: str, most: float = MAX_COUNT) -> float:
+    """A finite number in [0, most]; _Invalid naming ``what`` otherwise (huge JSON integers included)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        raise _Invalid(f"{what}: not a number")
+    try:
+        value = float(x)
+    except OverflowError:
+        raise _Invalid(f"{what}: out of range") from None
+    if not (math.isfinite(value) and 0 <= value <= most):
+        raise _Invalid(f"{what}: not a number in [0, {most:g}]")
+    return value
 
 
 def _list(x: object, what: str) -> list[Any]:
@@ -120,7 +136,7 @@ def _mix_in(x: object, what: str) -> MixTag:
     items = _list(x, what)
     if len(items) != 2:
         raise _Invalid(f"{what}: a mix is [prompt, generated]")
-    return (_num(items[0], what), _num(items[1], what))
+    return (_num(items[0], what, MAX_RATE), _num(items[1], what, MAX_RATE))
 
 
 def _readings(x: object, what: str) -> tuple[tuple[float, float, MixTag], ...]:
@@ -129,7 +145,10 @@ def _readings(x: object, what: str) -> tuple[tuple[float, float, MixTag], ...]:
         parts = _list(item, what)
         if len(parts) != 3:
             raise _Invalid(f"{what}: a reading is [age, rate, mix]")
-        out.append((_num(parts[0], what), _num(parts[1], what), _mix_in(parts[2], what)))
+        age, rate = _num(parts[0], what, MAX_RECORD_AGE_S), _num(parts[1], what, MAX_RATE)
+        if rate <= 0:
+            raise _Invalid(f"{what}: a rate must be > 0")
+        out.append((age, rate, _mix_in(parts[2], what)))
     return tuple(out)
 
 
@@ -140,8 +159,8 @@ def _bins(x: object) -> tuple[tuple[float, float, float, float, float, float, bo
         if len(parts) != 10 or not isinstance(parts[6], bool):
             raise _Invalid("bins: a bin is 10 fields, the 7th true or false")
         n = [_num(p, "bins") for i, p in enumerate(parts) if i != 6]
-        if n[1] <= 0:
-            raise _Invalid("bins: a bin's span must be > 0")
+        if not (0.1 <= n[1] <= MAX_BIN_SPAN_S) or n[0] > MAX_RECORD_AGE_S:
+            raise _Invalid(f"bins: a bin's span must be in [0.1, {MAX_BIN_SPAN_S:g}] s and its age within a week")
         out.append((n[0], n[1], n[2], n[3], n[4], n[5], bool(parts[6]), n[6], n[7], n[8]))
     return tuple(out)
 
@@ -150,14 +169,14 @@ def _decode_record(raw: object) -> FleetRecord:
     if not isinstance(raw, dict):
         raise _Invalid("not an object")
     basis = raw.get("basis")
-    if not isinstance(basis, dict) or not all(
-        isinstance(k, str) and (v is None or (isinstance(v, int | float) and not isinstance(v, bool)))
-        for k, v in basis.items()
-    ):
+    if not isinstance(basis, dict) or len(basis) > 16:
         raise _Invalid("basis: not an object of numbers")
-    written_at = raw.get("written_at")
-    if isinstance(written_at, bool) or not isinstance(written_at, int | float) or not math.isfinite(written_at):
-        raise _Invalid("written_at: not a time")
+    for k, v in basis.items():
+        if not isinstance(k, str):
+            raise _Invalid("basis: not an object of numbers")
+        if v is not None:
+            _num(v, "basis")
+    written_at = _num(raw.get("written_at"), "written_at", 1e11)
     label = raw.get("label")
     measured = raw.get("startups_measured", False)
     if not isinstance(measured, bool):
@@ -166,7 +185,7 @@ def _decode_record(raw: object) -> FleetRecord:
         capacity=_readings(raw.get("capacity", []), "capacity"),
         tipped=_readings(raw.get("tipped", []), "tipped"),
         served=_readings(raw.get("served", []), "served"),
-        startups=tuple(_num(x, "startups") for x in _list(raw.get("startups", []), "startups")),
+        startups=tuple(_num(x, "startups", MAX_STARTUP_S) for x in _list(raw.get("startups", []), "startups")),
         startups_measured=measured,
         bins=_bins(raw.get("bins", [])),
         mix=_mix_in(raw.get("mix"), "mix"),
@@ -184,6 +203,8 @@ def decode(doc: object, release: str, now_wall: float) -> tuple[dict[str, FleetR
     of another schema or minor release gives none."""
     if not isinstance(doc, dict):
         return {}, ["not a JSON object"]
+    if "unreadable" in doc and "schema" not in doc:
+        return {}, [f"unreadable: {doc['unreadable']}"]
     if doc.get("schema") != SCHEMA:
         return {}, [f"schema {doc.get('schema')!r}, this scaler reads {SCHEMA}"]
     written_by = doc.get("release")
@@ -199,6 +220,12 @@ def decode(doc: object, release: str, now_wall: float) -> tuple[dict[str, FleetR
             rec = _decode_record(raw)
         except _Invalid as exc:
             ignored.append(f"fleet {key}: {exc}")
+            continue
+        except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # whatever else a corrupt one holds
+            ignored.append(f"fleet {key}: unreadable ({type(exc).__name__})")
+            continue
+        if rec.written_at > now_wall + CLOCK_SKEW_S:
+            ignored.append(f"fleet {key}: written {rec.written_at - now_wall:.0f} s in the future (a wrong clock)")
             continue
         if now_wall - rec.written_at > MAX_RECORD_AGE_S:
             continue  # a fleet not seen for a week: dropped quietly (it is gone)

@@ -18,7 +18,7 @@ from keda_llm_scaler.learned import FleetRecord
 from keda_llm_scaler.loops import ScrapeLoop
 from keda_llm_scaler.metadata import TriggerConfig, metadata_hints, parse_trigger
 from keda_llm_scaler.scrape import Scraper
-from keda_llm_scaler.target import CycleObserver, FleetGroup, FleetWorker, ScrapeObserver, Target, fleet_id
+from keda_llm_scaler.target import CycleObserver, FleetGroup, FleetWorker, ScrapeObserver, Target, fleet_state_key
 
 __all__ = ["TargetRegistry", "TooManyTargets"]
 
@@ -55,10 +55,12 @@ class TargetRegistry:
         scrape_loop: ScrapeLoop | None = None,
         ranker: CycleObserver | None = None,
         learned: Callable[[str], FleetRecord | None] | None = None,
+        scale_targets: Mapping[tuple[str, str], Mapping[str, str]] | None = None,
     ) -> None:
         """``learned``: a fleet's record kept across restarts, by fleet id (``--state-dir``, a ConfigMap)."""
         self._scraper = scraper
         self._learned = learned
+        self._scale_targets = scale_targets or {}
         self._ranker = ranker  # victim ranking (--victim-ranking), told of every fleet's cycles
         # where fleets scrape (a thread of its own in `serve`); the scraper and the Kubernetes client live there
         self._scrape_loop = scrape_loop or ScrapeLoop(threaded=False)
@@ -119,7 +121,9 @@ class TargetRegistry:
                 raise TooManyTargets(f"this scaler already serves {self.max_targets} targets (--max-targets)")
             worker = self._fleets.get(cfg.fleet_key)
             if worker is None:
-                resolver = make_resolver(cfg.discovery, self._kube, cfg.name)
+                resolver = make_resolver(
+                    cfg.discovery, self._kube, cfg.name, self._scale_targets.get((cfg.namespace, cfg.name))
+                )
                 worker = FleetWorker(
                     cfg,
                     resolver,
@@ -129,7 +133,7 @@ class TargetRegistry:
                     scrape_loop=self._scrape_loop,
                     ranker=self._ranker,
                     kube=self._kube,
-                    learned=None if self._learned is None else self._learned(fleet_id(cfg)),
+                    learned=None if self._learned is None else self._learned(fleet_state_key(cfg)),
                 )
                 self._fleets[cfg.fleet_key] = worker
             target = Target(cfg, worker, clock=self._clock)

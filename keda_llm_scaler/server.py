@@ -13,7 +13,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -202,8 +202,18 @@ def _state_keeper(
 
 
 class ScalerServer:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        serve_grpc: bool = True,
+        scale_targets: Mapping[tuple[str, str], Mapping[str, str]] | None = None,
+    ) -> None:
+        """``serve_grpc``: False for ``shadow``, which scrapes and scores exactly as ``serve`` does but answers
+        no KEDA. ``scale_targets``: (namespace, name) -> the scaleTargetRef zero-config discovery reads when
+        there is no ScaledObject to read it from (``shadow``)."""
         self.settings = settings
+        self.serve_grpc = serve_grpc
         self.shutdown_event = asyncio.Event()
         self._previous_policy = set_policy(address_policy(settings))  # process-wide: every scrape checks it
         budget = _keepalive_budget()
@@ -226,7 +236,7 @@ class ScalerServer:
         )
         self.metrics = ScalerMetrics(lambda: self.registry.targets(), workers=self.workers)
         self.scrape_loop = ScrapeLoop(threaded=True)  # scrape work off the loop that answers KEDA
-        kube = _kube_client(settings)
+        kube = self.kube = _kube_client(settings)
         self.ranker: VictimRanker | None = None
         scope = parse_scope(settings.victim_ranking)
         if scope.enabled:
@@ -253,6 +263,7 @@ class ScalerServer:
             allow_cross_namespace=settings.allow_cross_namespace,
             scrape_loop=self.scrape_loop,
             learned=None if self.state is None else self.state.record_for,
+            scale_targets=scale_targets,
         )
         self.health = health.aio.HealthServicer()
         self.grpc = grpc.aio.server(
@@ -294,9 +305,10 @@ class ScalerServer:
         # Both ports are bound before anything starts (threads, workers, the gRPC server), so a port in use
         # ends start() with nothing to stop and a BindError naming the flag.
         s = self.settings
-        self.grpc_port, reason = _quiet_c_stderr(self._bind)
-        if self.grpc_port == 0:
-            raise _bind_error("--grpc-port", s.host, s.grpc_port, reason)
+        if self.serve_grpc:
+            self.grpc_port, reason = _quiet_c_stderr(self._bind)
+            if self.grpc_port == 0:
+                raise _bind_error("--grpc-port", s.host, s.grpc_port, reason)
         try:
             self._http, _ = start_http_server(s.metrics_port, addr=s.host, registry=self.metrics.registry)
         except OSError as exc:
@@ -310,7 +322,8 @@ class ScalerServer:
             await self.state.load()  # before the first RPC: a fleet's first answer uses what was learned
         if self.workers is not None:
             await self.scrape_loop.run(self.workers.start())  # their sockets belong to the scrape loop
-        await self.grpc.start()
+        if self.serve_grpc:
+            await self.grpc.start()
         self._tasks = [
             asyncio.create_task(self.registry.run_evictor(), name="evictor"),
             asyncio.create_task(self._watch_readiness(), name="readiness"),
@@ -329,9 +342,11 @@ class ScalerServer:
     async def _learned_now(self) -> dict[str, FleetRecord]:
         """Every fleet's record, exported on the scrape loop (where their trackers change)."""
 
+        fleets = self.registry.fleets()  # on this loop, which adds and evicts them
+
         async def export() -> dict[str, FleetRecord]:
             wall = time.time()
-            return {w.id: w.learned(wall) for w in self.registry.fleets()}
+            return {w.state_key: w.learned(wall) for w in fleets}
 
         return await self.scrape_loop.run(export())
 
@@ -359,14 +374,20 @@ class ScalerServer:
         await self.health.enter_graceful_shutdown()
         self.shutdown_event.set()  # StreamIsActive handlers return: streams end with OK
         await asyncio.sleep(0)
-        await self.grpc.stop(self.settings.shutdown_grace)
+        if self.serve_grpc:
+            await self.grpc.stop(self.settings.shutdown_grace)
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self.state is not None:  # what was learned since the last write (a rolling update loses nothing)
+            state = self.state
+
+            async def flush() -> None:
+                await state.write(await self._learned_now())
+
             try:
-                await asyncio.wait_for(self.state.write(await self._learned_now()), STATE_FLUSH_S)
+                await asyncio.wait_for(flush(), STATE_FLUSH_S)
             except TimeoutError:
                 log.warning("state_flush_timed_out", after_s=STATE_FLUSH_S)
             except Exception:  # the shutdown goes on: the last periodic write is kept

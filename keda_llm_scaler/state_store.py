@@ -25,7 +25,7 @@ import structlog
 
 from keda_llm_scaler import __version__
 from keda_llm_scaler.kube import KubeClient, KubeError
-from keda_llm_scaler.learned import FleetRecord, decode, encode
+from keda_llm_scaler.learned import FleetRecord, decode, encode, encode_record
 
 __all__ = ["ConfigMapStore", "DirectoryStore", "StateKeeper", "StateStore"]
 
@@ -34,6 +34,7 @@ log = structlog.get_logger(__name__)
 STATE_FILE: Final = "learned-state.json"
 CONFIGMAP_KEY: Final = "learned-state.json"
 MAX_DOCUMENT_BYTES: Final = 900_000  # a ConfigMap holds at most 1 MiB; a file keeps the same bound
+MAX_READ_BYTES: Final = 4 * 1024 * 1024  # a bigger file is not ours: refused unread
 CONFLICT_RETRIES: Final = 4
 
 T = TypeVar("T")
@@ -48,22 +49,58 @@ class StateStore(Protocol):
     async def update(self, merge: Merge) -> dict[str, FleetRecord]: ...
 
 
+def _parse(raw: bytes) -> object:
+    """A stored document, or a marker decode() refuses with the reason: never an exception (a corrupt
+    file must not keep the scaler from starting, nor from writing a good one over it)."""
+    if len(raw) > MAX_READ_BYTES:
+        return {"unreadable": f"larger than {MAX_READ_BYTES} bytes"}
+    try:
+        doc: object = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested past the parser's depth
+        return {"unreadable": type(exc).__name__}
+    return doc
+
+
 def _records_of(doc: object | None) -> tuple[dict[str, FleetRecord], list[str]]:
     if doc is None:
         return {}, []
-    return decode(doc, __version__, time.time())
+    try:
+        return decode(doc, __version__, time.time())
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # decode checks; this is the backstop
+        return {}, [f"unreadable ({type(exc).__name__})"]
 
 
-def _dump(records: dict[str, FleetRecord]) -> str:
-    """The document, its least recently written records dropped until it fits MAX_DOCUMENT_BYTES."""
-    kept = dict(records)
-    while True:
-        text = json.dumps(encode(kept, __version__), separators=(",", ":"))
-        if len(text) <= MAX_DOCUMENT_BYTES or not kept:
-            return text
-        oldest = min(kept, key=lambda k: kept[k].written_at)
-        log.warning("state_record_dropped", fleet=oldest, why=f"the document is over {MAX_DOCUMENT_BYTES} bytes")
-        del kept[oldest]
+def _dump(records: dict[str, FleetRecord]) -> tuple[str, int]:
+    """The document within MAX_DOCUMENT_BYTES, and how many records did not fit: the most recently written
+    first (each encoded once: linear in the fleets, whatever their number)."""
+    head = json.dumps(encode({}, __version__), separators=(",", ":"))[:-2]  # ..."fleets":{  (closed below)
+    budget = MAX_DOCUMENT_BYTES - len(head) - 2
+    parts: list[str] = []
+    dropped = 0
+    for key in sorted(records, key=lambda k: records[k].written_at, reverse=True):
+        part = json.dumps(key) + ":" + json.dumps(encode_record(records[key]), separators=(",", ":"))
+        if len(part) + 1 > budget:
+            dropped += 1
+            continue
+        budget -= len(part) + 1
+        parts.append(part)
+    return head + ",".join(parts) + "}}", dropped
+
+
+def _merge_and_dump(doc: object | None, merge: Merge) -> tuple[dict[str, FleetRecord], str, int]:
+    records = merge(_records_of(doc)[0])
+    text, dropped = _dump(records)
+    return records, text, dropped
+
+
+def _log_dropped(dropped: int, where: str) -> None:
+    if dropped:
+        log.warning(
+            "state_records_dropped",
+            where=where,
+            records=dropped,
+            why=f"the document holds at most {MAX_DOCUMENT_BYTES} bytes: the least recently written did not fit",
+        )
 
 
 class DirectoryStore:
@@ -77,14 +114,11 @@ class DirectoryStore:
 
     def _read(self) -> object | None:
         try:
-            text = self.path.read_text()
+            with self.path.open("rb") as f:
+                raw = f.read(MAX_READ_BYTES + 1)
         except FileNotFoundError:
             return None
-        try:
-            doc: object = json.loads(text)
-            return doc
-        except ValueError:
-            return {"unreadable": True}  # decode() says why it is ignored
+        return _parse(raw)
 
     async def read(self) -> object | None:
         return await asyncio.to_thread(self._read)
@@ -94,10 +128,12 @@ class DirectoryStore:
         with open(self.directory / ".lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             records = merge(_records_of(self._read())[0])
+            text, dropped = _dump(records)
+            _log_dropped(dropped, self.where)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".state-")
             try:
                 with os.fdopen(fd, "w") as f:
-                    f.write(_dump(records))
+                    f.write(text)
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, self.path)
@@ -126,12 +162,9 @@ class ConfigMapStore:
         if obj is None:
             return None, None
         raw = (obj.get("data") or {}).get(CONFIGMAP_KEY)
-        if raw is None:
+        if not isinstance(raw, str):
             return obj, None
-        try:
-            return obj, json.loads(raw)
-        except ValueError:
-            return obj, {"unreadable": True}
+        return obj, await asyncio.to_thread(_parse, raw.encode())
 
     async def read(self) -> object | None:
         return (await self._get())[1]
@@ -139,8 +172,10 @@ class ConfigMapStore:
     async def update(self, merge: Merge) -> dict[str, FleetRecord]:
         for _ in range(CONFLICT_RETRIES):
             obj, doc = await self._get()
-            records = merge(_records_of(doc)[0])
-            text = _dump(records)
+            # the decode, merge and encode off the loop this runs on (the scrape loop: thousands of fleets'
+            # records must not hold their scrapes)
+            records, text, dropped = await asyncio.to_thread(_merge_and_dump, doc, merge)
+            _log_dropped(dropped, self.where)
             if obj is None:
                 created = await self._kube.create_configmap(self.namespace, self.name, {CONFIGMAP_KEY: text})
                 if created:
@@ -150,6 +185,11 @@ class ConfigMapStore:
             if await self._kube.replace_configmap(self.namespace, self.name, obj):
                 return records
         raise KubeError(f"{self.where}: still in conflict after {CONFLICT_RETRIES} tries")
+
+
+def _learned_anything(rec: FleetRecord) -> bool:
+    s = rec.state
+    return bool(s.capacity or s.tipped or s.served or s.startups)
 
 
 class StateKeeper:
@@ -171,19 +211,26 @@ class StateKeeper:
         self._run_on = run_on
         self.interval_s = interval_s
         self.records: dict[str, FleetRecord] = {}
+        self.loaded = False  # the store has been read once (see load)
         self._on_write = on_write or (lambda outcome: None)
         self._last_error: str | None = None
 
-    async def load(self) -> None:
+    async def load(self) -> bool:
+        """Read the store; False when it could not be read (then nothing is written until it can be: a
+        write would merge into nothing and replace what the store holds with this pod's cold records)."""
         try:
             doc = await self._call(self.store.read())
-        except (KubeError, OSError) as exc:
-            log.warning("state_unreadable", where=self.store.where, error=str(exc))
-            return
+        except Exception as exc:  # an API error, a disk error: start without it, and never crash for it
+            if not self.loaded:
+                log.warning("state_unreadable", where=self.store.where, error=f"{type(exc).__name__}: {exc}")
+            return False
         self.records, ignored = _records_of(doc)
         for why in ignored:
             log.warning("state_ignored", where=self.store.where, why=why)
-        log.info("state_loaded", where=self.store.where, fleets=len(self.records))
+        if not self.loaded:
+            log.info("state_loaded", where=self.store.where, fleets=len(self.records))
+        self.loaded = True
+        return True
 
     async def refresh(self) -> None:
         """Read the store again, quietly (a failed read keeps the records held)."""
@@ -199,10 +246,19 @@ class StateKeeper:
     async def write(self, ours: dict[str, FleetRecord]) -> None:
         """Merge ``ours`` (this pod's fleets, just exported) into the store, newer record winning."""
 
+        if not self.loaded and not await self.load():
+            self._on_write("error")
+            return
+
         def merge(theirs: dict[str, FleetRecord]) -> dict[str, FleetRecord]:
             merged = dict(theirs)
             for key, rec in ours.items():
-                if key not in merged or merged[key].written_at <= rec.written_at:
+                held = merged.get(key)
+                # a fleet that has learned nothing yet (started while another pod held it, a record it could
+                # not adopt) does not replace one that has
+                if held is None or (
+                    held.written_at <= rec.written_at and (_learned_anything(rec) or not _learned_anything(held))
+                ):
                     merged[key] = rec
             return merged
 

@@ -395,8 +395,13 @@ def publish_together(pairs: list[tuple[Target, Snapshot]]) -> None:
 
 
 def fleet_id(cfg: TriggerConfig) -> str:
-    """The scraped fleet's id: stable across processes (its learned state is kept under it)."""
+    """The scraped fleet's id in logs and series: short, stable across processes."""
     return hashlib.sha256(repr(cfg.fleet_key).encode()).hexdigest()[:8]
+
+
+def fleet_state_key(cfg: TriggerConfig) -> str:
+    """The key of the scraped fleet's learned state: 64 bits, so that no two fleets of a release share it."""
+    return hashlib.sha256(repr(cfg.fleet_key).encode()).hexdigest()[:16]
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -439,6 +444,7 @@ class FleetWorker:
         self.cfg = cfg  # the first trigger's: discovery, engine, model, interval and timeout are shared
         self.key = cfg.fleet_key
         self.id = fleet_id(cfg)
+        self.state_key = fleet_state_key(cfg)  # its learned state's key, shared by every scaler pod
         self._resolver = resolver
         self._scraper = scraper
         self._observer = observer
@@ -477,7 +483,14 @@ class FleetWorker:
             )
             return
         age = time.time() - record.written_at
-        tracker.adopt(aged(record.state, age), self._clock())
+        try:
+            tracker.adopt(aged(record.state, age), self._clock())
+        except Exception as exc:  # a record that passed the checks and still cannot be taken: start cold
+            log.warning("state_ignored", target=self.cfg.label, fleet_id=self.id, why=f"{type(exc).__name__}: {exc}")
+            self._fleet = FleetState(
+                self.cfg.scoring, self.cfg.stale_after, self.cfg.scrape_interval, retain_s=DEMAND_RETAIN_S
+            )
+            return
         s = record.state
         log.info(
             "state_restored",

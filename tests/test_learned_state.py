@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -297,3 +298,99 @@ async def test_a_standby_keeps_the_others_records_current_for_a_failover(tmp_pat
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+# -- hostile and broken state --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"schema": 1, "release": "%s", "fleets": {"f": {"basis": {}, "written_at": 1' + b"0" * 400 + b"}}}",
+        b"[" * 100_000 + b"]" * 100_000,
+        b"\xff\xfe not utf-8",
+        b'{"schema": 1, "release": "%s", "fleets": {"f": {"basis": {"x": 1e999}, "written_at": 1}}}',
+    ],
+    ids=["huge-integer", "deeply-nested", "not-utf-8", "infinity"],
+)
+async def test_a_corrupt_state_file_is_ignored_and_a_good_one_written_over_it(tmp_path: Path, raw: bytes) -> None:
+    (tmp_path / STATE_FILE).write_bytes(raw.replace(b"%s", __version__.encode()) if b"%s" in raw else raw)
+    keeper = StateKeeper(DirectoryStore(tmp_path), 1.0)
+    assert await keeper.load() and keeper.records == {}
+    await keeper.write({"f": _record(time.time(), startups=(5.0,))})
+    assert json.loads((tmp_path / STATE_FILE).read_text())["fleets"]["f"]["startups"] == [5.0]
+
+
+def test_records_with_values_no_scaler_writes_are_dropped() -> None:
+    now = time.time()
+    good = encode({"f": _record(now, startups=(60.0,))}, __version__)["fleets"]["f"]
+    for field, value in (
+        ("capacity", [[1.0, 1e300, None]]),
+        ("startups", [1e9]),
+        ("bins", [[1, 1e-300, 1, 1, 1, 1, True, 0, 0, 0]]),
+        ("written_at", now + 86400),  # a clock a day ahead would pin the record for good
+    ):
+        doc = {"schema": SCHEMA, "release": __version__, "fleets": {"f": {**good, field: value}}}
+        records, ignored = decode(doc, __version__, now)
+        assert records == {} and len(ignored) == 1, (field, ignored)
+
+
+def test_served_readings_of_equal_rate_and_time_adopt() -> None:
+    tie = ((5.0, 7.0, (500.0, 100.0)), (5.0, 7.0, (400.0, 100.0)), (5.0, 7.0, None))
+    _tracker().adopt(LearnedState(served=tie[:2], mix=(500.0, 100.0)), 100.0)
+
+
+class _FlakyStore:
+    """A store whose reads fail while ``down`` (an API server restarting, a disk error)."""
+
+    where = "flaky"
+
+    def __init__(self, inner: DirectoryStore) -> None:
+        self.inner, self.down, self.updates = inner, True, 0
+
+    async def read(self) -> object | None:
+        if self.down:
+            raise OSError("EIO")
+        return await self.inner.read()
+
+    async def update(self, merge: Callable[[dict[str, FleetRecord]], dict[str, FleetRecord]]) -> dict[str, FleetRecord]:
+        self.updates += 1
+        if self.down:
+            raise OSError("EIO")
+        return await self.inner.update(merge)
+
+
+async def test_a_store_that_could_not_be_read_at_start_is_not_written_over(tmp_path: Path) -> None:
+    good = StateKeeper(DirectoryStore(tmp_path), 1.0)
+    await good.write({"f": _record(time.time(), capacity=((1.0, 8.0, None),))})
+    store = _FlakyStore(DirectoryStore(tmp_path))
+    cold = StateKeeper(store, 1.0)
+    assert not await cold.load()  # started cold: its fleet could not adopt what was learned
+    await cold.write({"f": _record(time.time() + 1, capacity=((1.0, 99.0, None),))})
+    assert store.updates == 0, "nothing written before the store was read once"
+    store.down = False
+    await cold.write({"f": _record(time.time() + 2)})  # read now; its fleet learned nothing since
+    c = StateKeeper(DirectoryStore(tmp_path), 1.0)
+    await c.load()
+    assert c.records["f"].state.capacity == ((1.0, 8.0, None),)
+
+
+async def test_a_fleet_that_learned_nothing_does_not_replace_one_that_did(tmp_path: Path) -> None:
+    a, b = StateKeeper(DirectoryStore(tmp_path), 1.0), StateKeeper(DirectoryStore(tmp_path), 1.0)
+    await a.write({"f": _record(time.time(), capacity=((1.0, 8.0, None),))})
+    await b.load()
+    await b.write({"f": _record(time.time() + 5)})  # newer, and empty: a pod that had not adopted it
+    c = StateKeeper(DirectoryStore(tmp_path), 1.0)
+    await c.load()
+    assert c.records["f"].state.capacity == ((1.0, 8.0, None),)
+
+
+def test_a_document_over_its_size_keeps_the_most_recently_written_records() -> None:
+    from keda_llm_scaler.state_store import MAX_DOCUMENT_BYTES, _dump
+
+    now = time.time()
+    served = tuple((float(i), 5.0 + i / 100, (512.0, 128.0)) for i in range(64))
+    records = {f"f{i:04d}": _record(now - i, served=served) for i in range(1000)}
+    text, dropped = _dump(records)
+    doc = json.loads(text)
+    assert len(text) <= MAX_DOCUMENT_BYTES and dropped > 0 and len(doc["fleets"]) == 1000 - dropped
+    kept = sorted(doc["fleets"])
+    assert kept == [f"f{i:04d}" for i in range(len(kept))], "the newest are kept"

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Final
 
 from keda_llm_scaler.demand import DemandConfig
 from keda_llm_scaler.fleet import FleetState, Observation
+from keda_llm_scaler.learned import FleetRecord, aged, decode, encode
 from keda_llm_scaler.policy import Composite, ScoringParams
 from keda_llm_scaler.sim.fleet import READY, STARTING, SimulatedFleet
 from keda_llm_scaler.sim.hpa import AVERAGE_VALUE, UTILIZATION, Behavior, MetricReading, ScalingPolicy
@@ -22,6 +24,7 @@ from keda_llm_scaler.sim.hpa import AVERAGE_VALUE, UTILIZATION, Behavior, Metric
 __all__ = ["POLICIES", "Policy", "make_policy"]
 
 PROMETHEUS_SCRAPE_S: Final = 15.0
+STATE_INTERVAL_S: Final = 10.0  # serve's --state-interval default: a crash loses up to this much learning
 
 
 @dataclass
@@ -86,20 +89,36 @@ class CompositePolicy(Policy):
         self._state = FleetState(self.params, self.stale_after_s, self.scrape_interval_s, self.demand)
         self._composite: float | None = None
         self.last: Composite | None = None  # the latest scoring, whole
+        self._persisted: FleetRecord | None = None  # the learned state as last written (restart)
 
     def restart(self, now: float, keep_state: bool) -> None:
         """The scaler process restarts at ``now``: everything in memory is lost. ``keep_state``: the new process
         reads what the old one persisted (``serve --state-dir``; ``keda_llm_scaler.learned``) before its first
         cycle, as ``serve`` does; else it starts cold, as every release before 0.3.0 did."""
-        learned = self._state.demand.learned(now) if keep_state else None
+        kept = self._persisted if keep_state else None
         self._state = FleetState(self.params, self.stale_after_s, self.scrape_interval_s, self.demand)
-        if learned is not None:
-            self._state.demand.adopt(learned, now)
+        if kept is not None:
+            # what the last periodic write held (up to STATE_INTERVAL_S before a crash), through the format
+            # serve writes and its checks, as a new process reads it
+            records, ignored = decode(json.loads(json.dumps(encode({"fleet": kept}, "sim"))), "sim", kept.written_at)
+            assert not ignored, ignored
+            record = records["fleet"]
+            if record.basis == self._state.demand.basis():
+                self._state.demand.adopt(aged(record.state, now - record.written_at), now)
+        self._persisted = None
         self._composite = self.value = None
         self.last = None
         self._next = now
 
+    def _persist(self, now: float) -> None:
+        """Every STATE_INTERVAL_S, what ``serve`` would write (``--state-interval``); the replay's clock
+        stands for the wall clock."""
+        if self._persisted is None or now - self._persisted.written_at >= STATE_INTERVAL_S:
+            d = self._state.demand
+            self._persisted = FleetRecord("sim", d.basis(), now, d.learned(now))
+
     def sample(self, now: float, fleet: SimulatedFleet) -> None:
+        self._persist(now)
         starting = len(fleet.with_state(STARTING))
         self._state.update(now, (Observation(p.name, p.replica.signals()) for p in _ready(fleet)), starting)
         c = self._state.evaluate(now, starting).composite  # starting pods: capacity on the way
