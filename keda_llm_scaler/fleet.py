@@ -83,6 +83,9 @@ class Evaluation:
     itl_p95_s: float | None = None  # the gap between two tokens of a stream, over the rate window
     held: float | None = None  # requests the pool's gateway holds for it (gatewayMetricsUrl), this cycle
     queue_time_p95_s: float | None = None
+    # the capacity one replica serves (value, source), known even while the load is not (a restarted scaler's
+    # first cycles, before its demand window has two bins): what /metrics shows then
+    capacity: tuple[float, str] | None = None
 
     def count(self, state: str) -> int:
         return sum(1 for r in self.replicas if r.state == state)
@@ -346,6 +349,11 @@ class FleetState:
         p = params or self.params
         windows = None if params is None else demand_config(params)
         demand: DemandEstimate | None = self.demand.estimate(now, p.replica_capacity, p.startup_s, windows)
+        if demand is not None:
+            known = None if demand.capacity_rps is None else (demand.capacity_rps, demand.capacity_source)
+        else:
+            cap, source = self.demand.capacity(p.replica_capacity, now, windows)
+            known = None if cap is None else (cap, source)
         ttft_merged = Histogram.merge(ttft)
         slo_q = _quantile(p.ttft_slo_quantile, ttft_merged) if p.ttft_slo_s is not None else None
         itl_merged = Histogram.merge(itl)
@@ -379,4 +387,5 @@ class FleetState:
             queue_time_p95_s=_quantile(0.95, Histogram.merge(queue)),
             itl_p95_s=_quantile(0.95, itl_merged),
             held=held,
+            capacity=known,
         )

@@ -237,7 +237,7 @@ def _observe(item: _Shadowed, gauges: _ShadowGauges) -> dict[str, Any]:
             "waiting": None if ev is None else ev.waiting,
             "kv_usage": None if ev is None else ev.kv_usage,
             "offered_rps": None if demand is None else demand.offered_rps,
-            "capacity_rps": None if demand is None else demand.capacity_rps,
+            "capacity_rps": None if ev is None or ev.capacity is None else ev.capacity[0],
             "why": None if composite is None else composite.dominant,
         }
     )

@@ -234,10 +234,10 @@ class _TargetCollector(Collector):
                     planned.add_metric(labels, d.need_rps)
                     spread.add_metric(labels, d.spread_rps)
                     growth.add_metric(labels, d.growth_rps)
-                    if d.capacity_rps is not None:
-                        capacity.add_metric([*labels, d.capacity_source], d.capacity_rps)
                     startup.add_metric([*labels, d.startup_source], d.startup_s)
             ev = snap.evaluation
+            if ev.capacity is not None:  # with or without a composite: known before the load is
+                capacity.add_metric([*labels, ev.capacity[1]], ev.capacity[0])
             optional: list[tuple[GaugeMetricFamily, float | None]] = [
                 (waiting, ev.waiting),
                 (deferred, ev.deferred),

@@ -249,7 +249,12 @@ async def test_a_restarted_scaler_answers_with_the_capacity_it_learned_on_its_fi
                 keda = KedaEmulator(ch, "llm", "serving", meta)
 
                 async def learned() -> bool:
-                    return await _poll(keda) and _learned_capacity(first.metrics_port) is not None
+                    # the capacity, and the load (two bins of the demand window): both go into the state
+                    return (
+                        await _poll(keda)
+                        and _learned_capacity(first.metrics_port) is not None
+                        and bool(scrape(first.metrics_port).get("llm_scaler_offered_requests_per_second"))
+                    )
 
                 await eventually(learned, timeout=30.0)
                 cap = _learned_capacity(first.metrics_port)
@@ -394,3 +399,20 @@ def test_a_document_over_its_size_keeps_the_most_recently_written_records() -> N
     assert len(text) <= MAX_DOCUMENT_BYTES and dropped > 0 and len(doc["fleets"]) == 1000 - dropped
     kept = sorted(doc["fleets"])
     assert kept == [f"f{i:04d}" for i in range(len(kept))], "the newest are kept"
+
+
+def test_a_restart_long_after_exports_the_capacity_before_it_knows_the_load(tmp_path: Path) -> None:
+    """Restarted after its demand window has passed (the engines idle since): no estimate of the load yet,
+    and /metrics shows the capacity anyway (Evaluation.capacity)."""
+    from keda_llm_scaler.fleet import FleetState
+    from keda_llm_scaler.policy import ScoringParams
+
+    old, now = _overloaded_tracker(500.0, 100.0)
+    params = ScoringParams(ttft_slo_s=2.0, demand_window_s=60.0)
+    fleet = FleetState(params, 15.0, 1.0)
+    assert fleet.demand.basis() == old.basis()
+    fleet.demand.adopt(aged(old.learned(now), 3600.0), 0.0)
+    ev = fleet.evaluate(0.0)
+    assert ev.composite is None or ev.composite.demand is None
+    assert ev.capacity is not None and ev.capacity[1] == "learned"
+    assert ev.capacity[0] == pytest.approx(old.capacity(None, now)[0])
