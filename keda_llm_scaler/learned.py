@@ -145,9 +145,8 @@ def _readings(x: object, what: str) -> tuple[tuple[float, float, MixTag], ...]:
         parts = _list(item, what)
         if len(parts) != 3:
             raise _Invalid(f"{what}: a reading is [age, rate, mix]")
+        # a rate of 0 is a reading too (a replica past its knee that finished nothing in a scrape)
         age, rate = _num(parts[0], what, MAX_RECORD_AGE_S), _num(parts[1], what, MAX_RATE)
-        if rate <= 0:
-            raise _Invalid(f"{what}: a rate must be > 0")
         out.append((age, rate, _mix_in(parts[2], what)))
     return tuple(out)
 

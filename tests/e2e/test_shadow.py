@@ -124,3 +124,8 @@ def test_shadow_beside_a_cpu_hpa_asks_for_more_than_it_runs_and_acts_on_nothing(
     assert run.returncode == 0, run.stderr
     assert (out / f"shadow-{ns}_vllm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"| {ns}/vllm |" in (out / "report.md").read_text()
+    keep = os.environ.get("KLS_KEEP_SHADOW_REPORT")  # docs/shadow/: the example in docs/shadow.md
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        (Path(keep) / "shadow-example.png").write_bytes((out / f"shadow-{ns}_vllm.png").read_bytes())
+        (Path(keep) / "report.md").write_text((out / "report.md").read_text().replace(ns, "shadow-e2e"))
