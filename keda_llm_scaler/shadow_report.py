@@ -109,13 +109,14 @@ def from_prometheus(results: dict[str, Any]) -> dict[str, list[Sample]]:
 
 
 def _hours(samples: Sequence[Sample], field: str) -> float | None:
-    """The integral of a field over time, in replica-hours (left Riemann sum; gaps past MAX_GAP_S and samples
-    without the field are not counted). None when the field is never known."""
+    """The integral of a field over time, in replica-hours (left Riemann sum), over the intervals where both
+    the actual and the desired replicas are known, so that the two compare over the same time (gaps past
+    MAX_GAP_S are not counted). None when there is no such interval."""
     total, known = 0.0, False
     for a, b in itertools.pairwise(samples):
         v = getattr(a, field)
         dt = b.t - a.t
-        if v is None or dt <= 0 or dt > MAX_GAP_S:
+        if v is None or a.actual is None or a.desired is None or dt <= 0 or dt > MAX_GAP_S:
             continue
         total += v * dt
         known = True
@@ -171,7 +172,8 @@ def write_report(
         f"From {source}. What the workloads' own autoscaler ran (`actual`: spec.replicas of the scaleTargetRef) "
         "against what the composite would have asked of an HPA (`desired`: targetValue, min/maxReplicaCount and "
         "the HPA's 10 % tolerance, no scaling behavior), and what the fleet saw.",
-        f"GPU-hours count {gpus_per_replica:g} GPU(s) per replica (`--gpus-per-replica`).",
+        f"GPU-hours count {gpus_per_replica:g} GPU(s) per replica (`--gpus-per-replica`), over the time both "
+        "counts are known.",
         "",
         "| workload | duration | replica-h actual / desired | GPU-h difference | asking more / fewer "
         "| max actual / desired | TTFT p95 median / max | most waiting |",

@@ -128,4 +128,5 @@ def test_shadow_beside_a_cpu_hpa_asks_for_more_than_it_runs_and_acts_on_nothing(
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         (Path(keep) / "shadow-example.png").write_bytes((out / f"shadow-{ns}_vllm.png").read_bytes())
-        (Path(keep) / "report.md").write_text((out / "report.md").read_text().replace(ns, "shadow-e2e"))
+        report = (out / "report.md").read_text().replace(f"shadow-{ns}_vllm.png", "shadow-example.png")
+        (Path(keep) / "report.md").write_text(report.replace(ns, "shadow-e2e"))
