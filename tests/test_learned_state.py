@@ -425,3 +425,47 @@ def test_a_restart_long_after_exports_the_capacity_before_it_knows_the_load(tmp_
     assert ev.composite is None or ev.composite.demand is None
     assert ev.capacity is not None and ev.capacity[1] == "learned"
     assert ev.capacity[0] == pytest.approx(old.capacity(None, now)[0])
+
+
+async def test_two_scaler_pods_answer_alike_and_a_standby_takes_over_warm(tmp_path: Path) -> None:
+    """Two `serve` processes sharing the state (the chart's replicaCount: 2): KEDA calls the first; the second
+    is a standby that re-reads the state. When the first goes, the standby's first answer for the fleet
+    already has the capacity the first learned, and their answers differ by at most one replica."""
+    with replicas(vllm_v1([EngineLoad(0, 0, 0.0)])) as (replica,):
+        meta = {"endpoints": replica.url, **FAST}
+        stop = asyncio.Event()
+        load = asyncio.create_task(_overload(replica, stop))
+        try:
+            async with (
+                running_scaler(state_dir=tmp_path, state_interval=1.0) as standby,
+                running_scaler(state_dir=tmp_path, state_interval=1.0) as primary,
+                channel_to(primary) as ch,
+            ):
+                keda = KedaEmulator(ch, "llm", "serving", meta)
+
+                async def learned() -> bool:
+                    return (
+                        await _poll(keda)
+                        and _learned_capacity(primary.metrics_port) is not None
+                        and bool(scrape(primary.metrics_port).get("llm_scaler_offered_requests_per_second"))
+                    )
+
+                await eventually(learned, timeout=30.0)
+                cap = _learned_capacity(primary.metrics_port)
+                first = (await keda.poll()).value
+
+                async def standby_has_it() -> bool:  # its refresh, every --state-interval
+                    assert standby.state is not None
+                    return any(r.label == "serving/llm" and r.state.capacity for r in standby.state.records.values())
+
+                await eventually(standby_has_it, timeout=15.0)
+                # the primary goes; KEDA's next call reaches the standby, which has never scraped this fleet
+                async with channel_to(standby) as ch2:
+                    failover = KedaEmulator(ch2, "llm", "serving", meta)
+                    await eventually(lambda: _poll(failover), timeout=15.0)
+                    assert _learned_capacity(standby.metrics_port) == pytest.approx(cap, rel=0.01)
+                    second = (await failover.poll()).value
+                    assert abs(second - first) <= 1.0, (first, second)
+        finally:
+            stop.set()
+            await load
