@@ -393,10 +393,11 @@ def _shadow(args: argparse.Namespace) -> int:
     from keda_llm_scaler.kube import KubeError
     from keda_llm_scaler.logs import configure_logging
     from keda_llm_scaler.server import BindError
-    from keda_llm_scaler.shadow import ShadowConfigError, load_shadow_config, run_shadow
+    from keda_llm_scaler.shadow import ShadowConfigError, check_shadow_settings, load_shadow_config, run_shadow
 
     try:
         settings = settings_from(args)
+        check_shadow_settings(settings)
         workloads = load_shadow_config(args.config)
     except (ValueError, ShadowConfigError) as exc:
         print(f"keda-llm-scaler shadow: {exc}", file=sys.stderr)

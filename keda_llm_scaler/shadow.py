@@ -36,7 +36,14 @@ from keda_llm_scaler.metadata import parse_trigger
 from keda_llm_scaler.server import ScalerServer
 from keda_llm_scaler.target import Target
 
-__all__ = ["ShadowConfigError", "ShadowWorkload", "hpa_desired", "load_shadow_config", "run_shadow"]
+__all__ = [
+    "ShadowConfigError",
+    "ShadowWorkload",
+    "check_shadow_settings",
+    "hpa_desired",
+    "load_shadow_config",
+    "run_shadow",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -119,6 +126,20 @@ def load_shadow_config(path: Path) -> list[ShadowWorkload]:
             f"{path}: a workload is listed twice: {sorted({x for x in labels if labels.count(x) > 1})}"
         )
     return out
+
+
+def check_shadow_settings(settings: Settings) -> None:
+    """Shadow acts on nothing: the serve flags that write to the cluster are refused (ShadowConfigError)."""
+    if settings.victim_ranking:
+        raise ShadowConfigError(
+            "--victim-ranking writes pod-deletion-cost on the workloads' pods, which changes what their own "
+            "autoscaler removes: shadow acts on nothing"
+        )
+    if settings.state_configmap:
+        raise ShadowConfigError(
+            "--state-configmap writes to the cluster (and could replace serve's record of the same fleet): "
+            "use --state-dir, or nothing"
+        )
 
 
 def hpa_desired(value: float, target: float, current: int, min_replicas: int, max_replicas: int) -> int:
@@ -224,6 +245,9 @@ def _observe(item: _Shadowed, gauges: _ShadowGauges) -> dict[str, Any]:
     for gauge, value in ((gauges.actual, item.actual), (gauges.ready, item.ready)):
         if value is not None:
             gauge.labels(*labels).set(value)
+        else:  # not read this cycle: no series, rather than the last value read
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)
     ev = snap.evaluation if snap is not None else None
     demand = composite.demand if composite is not None else None
     record.update(
@@ -255,6 +279,7 @@ async def run_shadow(
 ) -> ScalerServer:
     """Scrape and score ``workloads`` until ``stop`` (else SIGTERM / SIGINT); one record line per workload per
     cycle to ``record``. ``ready`` is set once /metrics is up (tests)."""
+    check_shadow_settings(settings)
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

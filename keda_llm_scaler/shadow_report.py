@@ -149,11 +149,11 @@ def summarize(samples: Sequence[Sample], gpus_per_replica: float, slo_s: float |
         "max_waiting": max((s.waiting for s in samples if s.waiting is not None), default=None),
     }
     if slo_s is not None:
-        slow = [s for s in samples if s.ttft_p95_s is not None and s.ttft_p95_s > slo_s]
-        out["share_over_slo"] = len(slow) / len(samples) if samples else None
-        out["share_over_slo_while_asking_more"] = (
-            len([s for s in slow if s in over]) / len(slow) if slow else None  # the HPA let these through
-        )
+        timed = [s for s in samples if s.ttft_p95_s is not None]
+        slow = [s for s in timed if s.ttft_p95_s is not None and s.ttft_p95_s > slo_s]
+        asking = [s for s in slow if s.desired is not None and s.actual is not None and s.desired > s.actual]
+        out["share_over_slo"] = len(slow) / len(timed) if timed else None
+        out["share_over_slo_while_asking_more"] = len(asking) / len(slow) if slow else None  # the HPA let these by
     return out
 
 

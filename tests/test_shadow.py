@@ -241,3 +241,18 @@ def test_the_report_reads_prometheus_range_queries() -> None:
     }
     with pytest.raises(ValueError, match="range query"):
         from_prometheus({"desired": {"data": {"resultType": "vector", "result": []}}})
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [(["--victim-ranking", "serving"], "--victim-ranking"), (["--state-configmap", "keda/x"], "--state-configmap")],
+)
+def test_shadow_refuses_the_flags_that_write_to_the_cluster(tmp_path: Path, flags: list[str], says: str) -> None:
+    path = _write(tmp_path, "workloads:\n- name: a\n  metadata: {endpoints: 'http://10.0.0.1:8000'}\n")
+    out = subprocess.run(
+        [EXE, "shadow", "--config", str(path), *flags, "--kube-api-url", "https://127.0.0.1:1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and says in out.stderr and "acts on nothing" in out.stderr + "shadow acts on nothing", (
+        out.stderr
+    )
