@@ -328,7 +328,7 @@ async def test_c12_concurrent_calls_served_from_memory(channel: grpc.aio.Channel
         req = pb.GetMetricsRequest(scaledObjectRef=keda.ref, metricName="llm_composite")
         health = health_pb2_grpc.HealthStub(channel)
 
-        async def p99(call: Callable[[], Awaitable[object]]) -> float:
+        async def p90(call: Callable[[], Awaitable[object]]) -> float:
             times: list[float] = []
 
             async def caller() -> None:
@@ -339,13 +339,15 @@ async def test_c12_concurrent_calls_served_from_memory(channel: grpc.aio.Channel
 
             await asyncio.gather(*(caller() for _ in range(50)))
             times.sort()
-            return times[int(len(times) * 0.99)]
+            # the 90th percentile: a call that waited on the 0.3 s replica would be slow every time, while the
+            # tail above it is the shared machine's (a p99 read 0.18 s against 0.025 s in CI, from memory)
+            return times[int(len(times) * 0.90)]
 
         # The reference is a bare health Check under the same concurrency, measured in the same run (the
         # machine is shared): GetMetrics answers from memory, so it stays within a few times that — a
         # GetMetrics waiting on the 0.3 s replica would be 0.3 s at least.
-        bare = await p99(lambda: health.Check(health_pb2.HealthCheckRequest(service="")))
-        served = await p99(lambda: keda.stub.GetMetrics(req))
+        bare = await p90(lambda: health.Check(health_pb2.HealthCheckRequest(service="")))
+        served = await p90(lambda: keda.stub.GetMetrics(req))
         assert served < 5 * bare + 0.05, (served, bare)
 
 
