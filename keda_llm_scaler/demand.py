@@ -875,6 +875,12 @@ class DemandTracker:
             return statistics.median(self._startups), "learned"
         return DEFAULT_STARTUP_S, "default"
 
+    def rate_pending(self) -> bool:
+        """No rate can be known yet: fewer than two bins closed since this tracker started (a scaler that
+        just started, or just met the fleet, with no window restored). Unknown, which is not low. Bounded
+        in time whatever the counters say: two bins are about 9 s at a 1 s scrape, 25 s at 5 s."""
+        return self._bins_closed < 2
+
     def estimate(
         self,
         now: float,

@@ -364,7 +364,8 @@ class FleetState:
                 # no replica to read and the gateway unread: the pool's demand is unknown, which is not 0
                 raise NoFreshData(f"no replica, and the pool's gateway failed ({gateway_error})")
             inputs = [_policy_input(r) for r in reports]
-            comp: Composite | None = composite(inputs, p, incoming, demand, slo_q, itl_q, held)
+            pending = self.demand.rate_pending()
+            comp: Composite | None = composite(inputs, p, incoming, demand, slo_q, itl_q, held, pending)
             error = None
         except NoFreshData as exc:
             # counts by reason, never addresses: the gRPC port is unauthenticated, and per-URL reasons

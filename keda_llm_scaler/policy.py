@@ -154,7 +154,7 @@ class Composite:
     queue: float
     reject: float
     assumed: float  # demand added by replicas counted as at-target for lack of data
-    dominant: str  # why: reject | slo | rate | load | queue | assumed | gateway | idle (see ``composite``)
+    dominant: str  # why: reject | slo | hold | rate | load | queue | assumed | gateway | idle (see ``composite``)
     pressure: float = 0.0  # the KV + queue + reject side, before the rate term
     rate: float | None = None  # replicas the offered load asks for (None: no usable capacity or load)
     slo_floor: float | None = None  # the TTFT guardrail's floor, when it applies
@@ -307,6 +307,7 @@ def composite(
     ttft_quantile_s: float | None = None,
     itl_quantile_s: float | None = None,
     held: float | None = None,
+    rate_pending: bool = False,
 ) -> Composite:
     """Score a fleet. The caller passes replicas in a fixed order (by URL) for determinism.
 
@@ -314,7 +315,8 @@ def composite(
     ``demand``: the fleet's offered load (``keda_llm_scaler.demand``); ``ttft_quantile_s``: the fleet's TTFT at
     ``p.ttft_slo_quantile`` over the rate window, for the SLO guardrail. ``held``: the requests the pool's
     gateway holds for it; while no replica is ready they are its demand (a pool at zero has nothing else to
-    read): one replica per targetQueueDepth of them, at least one.
+    read): one replica per targetQueueDepth of them, at least one. ``rate_pending``: the demand window is
+    still filling (``DemandTracker.rate_pending``), so a missing ``demand`` is unknown, not low.
     """
     # A replica asleep (and idle: one showing work is read as it shows) serves nothing and says nothing about
     # the load: it is left out of the scores, so the fleet's readings (its size for the reject floor, the SLO
@@ -381,6 +383,18 @@ def composite(
         # scrapes fall between requests, and a composite flickering to 0 would let KEDA scale a serving
         # pool to zero once enough polls in a row land in the gaps.
         total = max(total, rate)
+    holding = 0.0
+    if rate_pending and demand is None:
+        # The first seconds after the scaler meets a fleet (a start without state, a failover to a pod
+        # that never scraped it) have no rate: the pressure side alone reads KV and queues, a few hundredths
+        # of a replica for a fleet whose replicas are busy but whose KV is light. Nothing says those
+        # replicas are too many, so the answer holds the ones serving work until the rate is known. A cold
+        # standby answered 0.1 for five busy replicas, and the real HPA took the fleet from 5 to 1 before
+        # the rate came (tests/e2e/test_failover.py with the state not shared).
+        busy = sum(1 for r in replicas if nonneg(r.running) + nonneg(r.waiting) > 0)
+        if busy > total:
+            holding = float(busy)
+            total = holding
     floor = slo_floor(ttft_quantile_s, len(scores), p, total, itl_quantile_s)
     if floor is not None:
         total = max(total, floor)
@@ -388,8 +402,10 @@ def composite(
         dominant = "idle"
     elif any(s.rejecting for s in scores):
         dominant = "reject"  # rejects also lift load to 1: they are the reason either way
-    elif floor is not None and floor > max(pressure, rate or 0.0):
+    elif floor is not None and floor > max(pressure, rate or 0.0, holding):
         dominant = "slo"
+    elif holding > 0:
+        dominant = "hold"
     elif rate is not None and rate >= pressure:
         dominant = "rate"
     else:

@@ -711,3 +711,16 @@ def test_the_inter_token_guardrail_is_a_second_floor_beside_ttfts() -> None:
     c = composite(busy, p, ttft_quantile_s=0.5, itl_quantile_s=0.07)
     assert c.value == pytest.approx(10.0) and c.dominant == "slo"
     assert composite(busy, p, ttft_quantile_s=0.5, itl_quantile_s=0.02).value < 8
+
+
+def test_the_rate_is_pending_only_until_the_window_could_hold_one() -> None:
+    tr = DemandTracker(scrape_interval=5.0)  # 10 s bins
+    pending, known = [], []
+    for i in range(6):  # 4 req/s, a scrape every 5 s
+        t = 5.0 * i
+        tr.observe(t, ["a"], [counters("a", 4.0 * t, running=2)])
+        pending.append(tr.rate_pending())
+        known.append(tr.estimate(t) is not None)
+    # the first scrape has no interval; a bin closes every 10 s: two by t = 20
+    assert pending == [True, True, True, True, False, False]
+    assert known == [False, False, False, False, True, True]

@@ -36,5 +36,8 @@ def test_demo_scales_up_and_down(tmp_path: Path) -> None:
         for line in lines
         if "composite  -" not in line and "composite   -" not in line
     ]
-    assert max(composites) > 3 * min(composites)  # the scraped signal followed the burst
+    # the scraped signal followed the burst: 10 to 40 req/s and back to ~12 read 0.65 to 2.05 here. (It
+    # read 3x before the first seconds of a new target held its busy replica: the extra range was the
+    # cold window's KV-only answer, not the burst.)
+    assert max(composites) > 2 * min(composites)
     assert "demo finished" in out.stdout

@@ -299,3 +299,31 @@ def test_an_asleep_replica_is_never_where_the_need_goes_missing() -> None:
     # saturated awake pair, two asleep, two starting: the HPA never asks for fewer than the six members
     sat = ReplicaInput(waiting=50, running=30, kv_usage=1.0, reject_rate=5.0, admitted_rate=10.0)
     assert math.ceil(composite([sat, sat, asleep, asleep], P, incoming=2).value) >= 6  # the HPA asks ceil
+
+
+def test_a_busy_fleet_whose_rate_is_not_known_yet_holds_its_serving_replicas() -> None:
+    # five replicas each running a few requests on light KV: the pressure side alone reads almost nothing
+    busy = fleet(5, waiting=0, running=3, kv_usage=0.02, reject_rate=0.0, admitted_rate=2.0)
+    cold = composite(busy, P, rate_pending=True)
+    assert cold.value == 5.0 and cold.dominant == "hold"
+    assert cold.active(0.0)
+    # once the window could have a rate, a missing one is not a reason to hold (the pressure side reads)
+    warm = composite(busy, P, rate_pending=False)
+    assert warm.value < 1.0 and warm.dominant != "hold"
+    # a rate known: it decides, holding or not
+    rated = composite(busy, P, demand=_estimate(need=4.0, capacity=2.0), rate_pending=True)
+    assert rated.dominant != "hold" and rated.value < 5.0
+
+
+def test_holding_counts_only_the_replicas_serving_work_and_never_lowers_the_answer() -> None:
+    mixed = [
+        ReplicaInput(waiting=0, running=2, kv_usage=0.02, reject_rate=0.0, admitted_rate=1.0),
+        ReplicaInput(waiting=1, running=0, kv_usage=0.0, reject_rate=0.0, admitted_rate=1.0),
+        ReplicaInput(waiting=0, running=0, kv_usage=0.0, reject_rate=0.0, admitted_rate=0.0),
+    ]
+    assert composite(mixed, P, rate_pending=True).value == 2.0  # the idle third is not held
+    idle = fleet(3, waiting=0, running=0, kv_usage=0.0, reject_rate=0.0, admitted_rate=0.0)
+    assert composite(idle, P, rate_pending=True).value == 0.0  # an idle fleet may still go to zero
+    # pressure above the busy count: the pressure side stands
+    queued = fleet(2, waiting=40, running=4, kv_usage=0.95, reject_rate=0.0, admitted_rate=2.0)
+    assert composite(queued, P, rate_pending=True).value == composite(queued, P).value > 2.0

@@ -194,10 +194,13 @@ async def test_b_c_d_e_h_composite_through_the_server(channel: grpc.aio.Channel)
         fleet[0].set(payload=vllm_v1([EngineLoad(waiting=2, running=30, kv=0.9)]))
         lower = await wait_value(keda, lambda v: v < high)
         assert lower >= 2.0
-        # (d): many running, KV well below target -> below the replica count
-        for r in fleet:
-            r.set(payload=vllm_v1([EngineLoad(waiting=0, running=200, kv=0.3)]))
-        assert await wait_value(keda, lambda v: v < 2.0) == pytest.approx(2 * 0.3 / 0.85, abs=0.002)
+    # (d): many running, KV well below target -> below the replica count. A fleet of its own, steady from
+    # the start: 170 more requests in flight from one scrape to the next are 170 arrivals, and the rate they
+    # make would decide, not the pressure. Its first seconds hold the busy replicas until a rate can be
+    # known (policy.composite), so the wait allows for them.
+    with replicas(*[vllm_v1([EngineLoad(waiting=0, running=200, kv=0.3)])] * 2) as fleet:
+        keda = KedaEmulator(channel, "llm-many-running", "serving", meta(*(r.url for r in fleet)))
+        assert await wait_value(keda, lambda v: v < 2.0, 20) == pytest.approx(2 * 0.3 / 0.85, abs=0.002)
         # (h): work in flight with a KV gauge reading 0 is still active
         for r in fleet:
             r.set(payload=vllm_v1([EngineLoad(waiting=0, running=1, kv=0.0)]))
@@ -228,7 +231,10 @@ async def test_f_failed_replica_keeps_last_value_then_counts_at_target(channel: 
         # batch: IsActive follows the composite (interactive answers true while replicas exist:
         # tests/test_workload_class.py)
         keda = KedaEmulator(channel, "llm", "serving", meta(*(r.url for r in fleet), workloadClass="batch"))
-        assert await wait_value(keda, lambda v: True) == pytest.approx(0.4)
+        # a new target on a busy fleet: its two serving replicas held until a rate can be known (two 2-s
+        # bins at this scrape interval), never the few hundredths the light KV alone reads
+        assert await wait_value(keda, lambda v: True) == 2.0
+        assert await wait_value(keda, lambda v: v < 1, 20) == pytest.approx(0.4)
         fleet[1].set(status=500)
         await asyncio.sleep(0.8)  # failed, inside staleAfter (1.5 s): last good value kept
         assert (await keda.poll()).value == pytest.approx(0.4)
@@ -306,13 +312,17 @@ async def test_c14_deadlines(channel: grpc.aio.Channel) -> None:
 
 
 async def test_c15_c16_is_active_agrees_with_get_metrics(channel: grpc.aio.Channel) -> None:
+    # batch: an idle fleet with replicas is inactive (interactive ones stay active while they have members)
+    batch = {"activationThreshold": "0.5", "workloadClass": "batch"}
     with replicas(IDLE) as (r,):
-        # batch: an idle fleet with replicas is inactive (interactive ones stay active while they have members)
-        keda = KedaEmulator(channel, "llm", "serving", meta(r.url, activationThreshold="0.5", workloadClass="batch"))
+        keda = KedaEmulator(channel, "llm", "serving", meta(r.url, **batch))
         obs = await keda.poll()
         assert (obs.value, obs.active) == (0.0, False)
-        r.set(payload=vllm_v1([EngineLoad(0, 3, 0.34)]))  # 0.4: above 0, below the threshold
-        await wait_value(keda, lambda v: v > 0)
+    # 0.4: above 0, below the threshold. Steady from the start (requests appearing in flight are arrivals,
+    # whose rate would decide), and past the first seconds' hold of the busy replica
+    with replicas(vllm_v1([EngineLoad(0, 3, 0.34)])) as (r,):
+        keda = KedaEmulator(channel, "llm-light", "serving", meta(r.url, **batch))
+        await wait_value(keda, lambda v: 0 < v < 1, 20)
         obs = await keda.poll()
         assert obs.value == pytest.approx(0.4) and obs.active is False
         r.set(payload=vllm_v1([EngineLoad(0, 3, 0.85)]))
