@@ -10,7 +10,8 @@ good (grace 0, UID precondition).
 
 Its control API (HTTP on 127.0.0.1, JSON):
 - ``GET /status``: pods (name, namespace, app, ip, ready, running, waiting, kv, deleting), streams cut,
-  requests sent and finished, TTFT attainment;
+  requests sent and finished, TTFT attainment; per app (``apps``) the requests sent, finished and
+  finished within the SLO;
 - ``POST /load`` ``{"namespace", "app", "rps", "pods"?}``: the offered rate of one app, sent only to the
   named pods when ``pods`` is given (a fleet whose load is uneven); with real engines also
   ``"prompt_tokens"?, "output_tokens"?`` (the app's requests from then on);
@@ -89,6 +90,11 @@ class Stats:
     streams_cut: int = 0
     drained: int = 0  # pods that finished every stream before their grace ended
     deleted: list[dict[str, Any]] = field(default_factory=list)
+    # per (namespace, app): [sent, finished, within the SLO], so that two fleets of one run compare
+    by_app: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+
+    def of_app(self, namespace: str, app: str) -> list[int]:
+        return self.by_app.setdefault((namespace, app), [0, 0, 0])
 
 
 class PodStandIn:
@@ -284,8 +290,12 @@ class PodStandIn:
                     local.replica.advance(now)
                     for r in local.replica.finished:
                         if r.first_token_at is not None:
+                            within = (r.first_token_at - r.arrival) <= self.slo_ttft_s
                             self.stats.finished += 1
-                            self.stats.within_slo += (r.first_token_at - r.arrival) <= self.slo_ttft_s
+                            self.stats.within_slo += within
+                            counts = self.stats.of_app(local.namespace, local.app)
+                            counts[1] += 1
+                            counts[2] += within
                     local.replica.finished = []
                     if not local.ready and now >= local.ready_at and local.deleting_since is None:
                         local.ready = True
@@ -315,6 +325,7 @@ class PodStandIn:
                 if p.namespace == ns and p.app == app and p.serving and (only is None or p.name in only)
             ]
             n = _poisson(self.rng, rps * (t1 - t0))
+            self.stats.of_app(ns, app)[0] += n
             for _ in range(n):
                 self.stats.sent += 1
                 if not serving:
@@ -344,6 +355,10 @@ class PodStandIn:
                 "drained": s.drained,
                 "deleted": list(s.deleted),
                 "loads": [{"namespace": ns, "app": app, "rps": r} for (ns, app), r in self.loads.items()],
+                "apps": [
+                    {"namespace": ns, "app": app, "sent": c[0], "finished": c[1], "within_slo": c[2]}
+                    for (ns, app), c in s.by_app.items()
+                ],
                 "errors": list(self.errors),
             }
 

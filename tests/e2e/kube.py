@@ -4,6 +4,10 @@ own /metrics. They run inside ``scripts/controlplane run``, which sets the ``KLS
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -16,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from keda_llm_scaler.controlplane.api import Api
 
-__all__ = ["Fleet", "Pods", "admin_api", "eventually", "scaler_metric"]
+__all__ = ["Fleet", "Pods", "admin_api", "eventually", "free_port", "scaler_metric", "start_scaler", "stop_process"]
 
 
 def admin_api() -> Api:
@@ -40,6 +44,46 @@ def eventually(check: Callable[[], Any], timeout: float, what: str, interval: fl
         time.sleep(interval)
 
 
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_scaler(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``keda-llm-scaler ARGS`` with its output in ``log``; returns once its /metrics answers (the
+    ``--metrics-port`` in ``args``), failing with the log's tail if it exits first."""
+    port = args[args.index("--metrics-port") + 1]
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "keda_llm_scaler", *args], stdout=out,
+                                stderr=subprocess.STDOUT, env=env)  # fmt: skip
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}")
+        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).status_code == 200
+
+    try:
+        eventually(up, 60, f"{args[0]}'s /metrics")
+    except AssertionError as exc:
+        stop_process(proc, log, args[0])
+        raise AssertionError(f"{exc}: {log.read_text(errors='replace')[-2000:]}") from exc
+    return proc
+
+
+def stop_process(proc: subprocess.Popen[bytes], log: Path | None = None, what: str = "process") -> None:
+    """SIGTERM, then SIGKILL after 15 s; prints the tail of its log (pytest shows it on failure)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    if log is not None:
+        print(f"--- {what}'s log (tail) ---\n{log.read_text(errors='replace')[-6000:]}")
+
+
 class Pods:
     """The pod stand-in's control API."""
 
@@ -51,6 +95,13 @@ class Pods:
 
     def of(self, namespace: str, app: str) -> list[dict[str, Any]]:
         return [p for p in self.status()["pods"] if p["namespace"] == namespace and p["app"] == app]
+
+    def served(self, namespace: str, app: str) -> tuple[int, int, int]:
+        """(requests sent, finished, finished within the SLO) to the app's pods so far."""
+        for a in self.status().get("apps", []):
+            if a["namespace"] == namespace and a["app"] == app:
+                return int(a["sent"]), int(a["finished"]), int(a["within_slo"])
+        return 0, 0, 0
 
     def load(
         self, namespace: str, app: str, rps: float, only: list[str] | None = None, output_tokens: int | None = None
@@ -131,7 +182,8 @@ class Fleet:
 
     def scaled_object(self, metadata: dict[str, str], *, trigger: str = "external", min_replicas: int = 1,
                       max_replicas: int = 6, polling_s: int = 5, cooldown_s: int = 30, fallback: dict[str, Any] | None = None,  # noqa: E501
-                      behavior: dict[str, Any] | None = None, name: str | None = None) -> dict[str, Any]:  # fmt: skip
+                      behavior: dict[str, Any] | None = None, name: str | None = None,
+                      scaler_address: str | None = None) -> dict[str, Any]:  # fmt: skip
         spec: dict[str, Any] = {
             "scaleTargetRef": {"name": self.app},
             "pollingInterval": polling_s,
@@ -139,7 +191,10 @@ class Fleet:
             "minReplicaCount": min_replicas,
             "maxReplicaCount": max_replicas,
             "triggers": [
-                {"type": trigger, "metadata": {"scalerAddress": os.environ["KLS_SCALER_ADDRESS"], **metadata}}
+                {
+                    "type": trigger,
+                    "metadata": {"scalerAddress": scaler_address or os.environ["KLS_SCALER_ADDRESS"], **metadata},
+                }
             ],
         }
         if fallback:

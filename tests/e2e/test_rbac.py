@@ -12,11 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import socket
 import ssl
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,7 +31,7 @@ from keda_llm_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_llm_scaler.controlplane.api import Api
 from keda_llm_scaler.metadata import METRIC_NAME
 from keda_llm_scaler.victims import IDLE_COST
-from tests.e2e.kube import Fleet, Pods, eventually, scaler_metric
+from tests.e2e.kube import Fleet, Pods, eventually, free_port, scaler_metric, start_scaler, stop_process
 from tests.test_chart import render  # Helm's own engine, release namespace "keda"
 
 RELEASE_NAMESPACE = "keda"  # the harness makes it (KEDA's own namespace)
@@ -43,12 +40,6 @@ COST = "controller.kubernetes.io/pod-deletion-cost"
 FAST = {"service": "vllm", "engine": "vllm", "replicaCapacity": "3", "scrapeInterval": "1", "demandWindow": "20"}
 RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
 PATCHES = "llm_scaler_deletion_cost_patches_total"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _annotations(api: Api, ns: str) -> dict[str, str | None]:
@@ -152,43 +143,21 @@ def scaler(api: Api, granted: Granted, tmp_path: Path) -> Iterator[Scaler]:
     token_file.write_text(review["status"]["token"])
     token_file.chmod(0o600)
     server, ca = _cluster()
-    grpc_port, metrics_port = _free_port(), _free_port()
+    grpc_port, metrics_port = free_port(), free_port()
     log = tmp_path / "scaler.log"
     # the harness's flags (keda_llm_scaler/controlplane/__main__.py) with the token instead of the kubeconfig;
     # ranking asked for in gb too, where the chart grants no `patch pods`
-    cmd = [sys.executable, "-m", "keda_llm_scaler", "serve", "--host", "127.0.0.1",
-           "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-           "--kube-api-url", server, "--kube-token-file", str(token_file), "--kube-ca-file", str(ca),
-           "--log-json", "true", "--scrape-workers", "0",
-           "--victim-ranking", f"{granted.ga},{granted.gb}", "--victim-ranking-interval", "2",
-           "--state-configmap", f"{RELEASE_NAMESPACE}/{granted.state_configmap}", "--state-interval", "1"]  # fmt: skip
+    args = ["serve", "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
+            "--kube-api-url", server, "--kube-token-file", str(token_file), "--kube-ca-file", str(ca),
+            "--log-json", "true", "--scrape-workers", "0",
+            "--victim-ranking", f"{granted.ga},{granted.gb}", "--victim-ranking-interval", "2",
+            "--state-configmap", f"{RELEASE_NAMESPACE}/{granted.state_configmap}", "--state-interval", "1"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_SCALER_") and k != "KUBECONFIG"}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    s = Scaler(f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}/metrics", log, proc)
+    proc = start_scaler(args, log, env)
     try:
-
-        def up() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"the scaler exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            return httpx.get(s.metrics_url, timeout=2).status_code == 200
-
-        try:
-            eventually(up, 60, "the second scaler's /metrics")
-        except AssertionError as exc:
-            if proc.poll() is not None:
-                raise AssertionError(f"the scaler exited with {proc.returncode}: {log.read_text()[-2000:]}") from exc
-            raise
-        yield s
+        yield Scaler(f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}/metrics", log, proc)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        print(f"--- second scaler's log (tail) ---\n{log.read_text(errors='replace')[-6000:]}")
+        stop_process(proc, log, "second scaler")
 
 
 def _audited_pod_patches(user: str) -> dict[str, int]:

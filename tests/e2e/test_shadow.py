@@ -15,12 +15,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from keda_llm_scaler.controlplane.api import Api
-from tests.e2e.kube import Fleet, Pods, eventually, scaler_metric
-from tests.e2e.test_rbac import _free_port
+from tests.e2e.kube import Fleet, Pods, eventually, free_port, scaler_metric, start_scaler, stop_process
 
 TRIGGER = {"service": "vllm", "engine": "vllm", "replicaCapacity": "3", "scrapeInterval": "1", "demandWindow": "20"}
 
@@ -44,31 +42,17 @@ def shadow(fleet: Fleet, tmp_path: Path) -> Iterator[tuple[str, Path, subprocess
         )
     )
     record, log = tmp_path / "record.jsonl", tmp_path / "shadow.log"
-    port = _free_port()
-    cmd = [sys.executable, "-m", "keda_llm_scaler", "shadow", "--config", str(config), "--record", str(record),
-           "--host", "127.0.0.1", "--metrics-port", str(port), "--kubeconfig", os.environ["KUBECONFIG"],
-           "--log-json", "true", "--scrape-workers", "0"]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/metrics"
+    port = free_port()
+    proc = start_scaler(
+        ["shadow", "--config", str(config), "--record", str(record), "--host", "127.0.0.1",
+         "--metrics-port", str(port), "--kubeconfig", os.environ["KUBECONFIG"], "--log-json", "true",
+         "--scrape-workers", "0"],
+        log,
+    )  # fmt: skip
     try:
-
-        def up() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"shadow exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            return httpx.get(url, timeout=2).status_code == 200
-
-        eventually(up, 60, "shadow's /metrics")
-        yield url, record, proc
+        yield f"http://127.0.0.1:{port}/metrics", record, proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        print(f"--- shadow's log (tail) ---\n{log.read_text(errors='replace')[-4000:]}")
+        stop_process(proc, log, "shadow")
 
 
 def test_shadow_beside_a_cpu_hpa_asks_for_more_than_it_runs_and_acts_on_nothing(
