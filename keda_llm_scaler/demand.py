@@ -427,6 +427,7 @@ class DemandTracker:
         self._tokens: dict[str, tuple[float | None, float | None]] = {}
         self._mix_memo: tuple[float, int, Mix | None] | None = None  # (now, bins closed, mix)
         self._bins_closed = 0
+        self._own_bins_closed = 0  # closed by this process (restored bins are not counted)
         self._first_seen: dict[str, float] = {}
         self._intervals: dict[str, deque[tuple[float, float, float, float]]] = {}  # (t, arrived, dt, util)
         self._last_tipped: float | None = None  # when a replica was last seen going past its knee
@@ -687,6 +688,7 @@ class DemandTracker:
                 b.arrivals *= self._open_member_s / b.replica_s
         self._bins.append(b)
         self._bins_closed += 1
+        self._own_bins_closed += 1
         self._open_t, self._open, self._open_member_s = now, _Bin(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, True), 0.0
         while self._bins and self._bins[0].end <= now - self.retain_s:
             self._bins.popleft()
@@ -876,10 +878,11 @@ class DemandTracker:
         return DEFAULT_STARTUP_S, "default"
 
     def rate_pending(self) -> bool:
-        """No rate can be known yet: fewer than two bins closed since this tracker started (a scaler that
-        just started, or just met the fleet, with no window restored). Unknown, which is not low. Bounded
-        in time whatever the counters say: two bins are about 9 s at a 1 s scrape, 25 s at 5 s."""
-        return self._bins_closed < 2
+        """No rate of its own yet: fewer than two bins closed by this process since it met the fleet (a
+        scaler that just started, or a standby that just took over). Unknown, which is not low. Restored
+        bins do not count: they may be too old for the reader's window, and then give no rate either.
+        Bounded in time whatever the counters say: two bins are about 9 s at a 1 s scrape, 25 s at 5 s."""
+        return self._own_bins_closed < 2
 
     def estimate(
         self,

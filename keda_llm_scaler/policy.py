@@ -158,6 +158,7 @@ class Composite:
     pressure: float = 0.0  # the KV + queue + reject side, before the rate term
     rate: float | None = None  # replicas the offered load asks for (None: no usable capacity or load)
     slo_floor: float | None = None  # the TTFT guardrail's floor, when it applies
+    hold: float | None = None  # replicas held while the fleet's rate is not known yet (``rate_pending``)
     demand: DemandEstimate | None = None
     asleep: int = 0  # members asleep, not in ``replicas``
     wake: int = 0  # of them, how many the need asks to wake (before it asks for new replicas)
@@ -383,19 +384,19 @@ def composite(
         # scrapes fall between requests, and a composite flickering to 0 would let KEDA scale a serving
         # pool to zero once enough polls in a row land in the gaps.
         total = max(total, rate)
+    # the SLO guardrail is judged on what the signals say, before any hold: a hold is no evidence of load
+    floor = slo_floor(ttft_quantile_s, len(scores), p, total, itl_quantile_s)
     holding = 0.0
-    if rate_pending and demand is None:
+    if rate_pending and demand is None and any(nonneg(r.running) + nonneg(r.waiting) > 0 for r in replicas):
         # The first seconds after the scaler meets a fleet (a start without state, a failover to a pod
         # that never scraped it) have no rate: the pressure side alone reads KV and queues, a few hundredths
-        # of a replica for a fleet whose replicas are busy but whose KV is light. Nothing says those
-        # replicas are too many, so the answer holds the ones serving work until the rate is known. A cold
-        # standby answered 0.1 for five busy replicas, and the real HPA took the fleet from 5 to 1 before
-        # the rate came (tests/e2e/test_failover.py with the state not shared).
-        busy = sum(1 for r in replicas if nonneg(r.running) + nonneg(r.waiting) > 0)
-        if busy > total:
-            holding = float(busy)
-            total = holding
-    floor = slo_floor(ttft_quantile_s, len(scores), p, total, itl_quantile_s)
+        # of a replica for a fleet whose replicas are busy but whose KV is light. Nothing says the replicas
+        # there are too many, so a fleet serving work holds them all until its rate is known (not only the
+        # ones busy at this scrape: at light load that count flickers). A cold standby answered 0.1 for
+        # five busy replicas, and the real HPA took the fleet from 5 to 1 before the rate came
+        # (tests/e2e/test_failover.py with the state not shared).
+        holding = float(len(scores))
+        total = max(total, holding)
     if floor is not None:
         total = max(total, floor)
     if total <= 0:
@@ -404,7 +405,7 @@ def composite(
         dominant = "reject"  # rejects also lift load to 1: they are the reason either way
     elif floor is not None and floor > max(pressure, rate or 0.0, holding):
         dominant = "slo"
-    elif holding > 0:
+    elif holding > 0 and holding >= max(pressure, rate or 0.0):
         dominant = "hold"
     elif rate is not None and rate >= pressure:
         dominant = "rate"
@@ -423,6 +424,7 @@ def composite(
         pressure=pressure,
         rate=rate,
         slo_floor=floor,
+        hold=holding or None,
         demand=demand,
         asleep=asleep,
         wake=min(asleep, max(0, math.ceil(value - len(scores) - WAKE_TOLERANCE))),

@@ -75,7 +75,8 @@ class _TargetCollector(Collector):
         term = family(
             "composite_term",
             "Composite broken into its terms: load, queue, reject, assumed (the "
-            "pressure side, summed as pressure), rate (offered load over capacity), slo_floor",
+            "pressure side, summed as pressure), rate (offered load over capacity), slo_floor, hold (the "
+            "replicas held while a fleet's rate is not known yet)",
             ("term",),
         )
         reason = family("decision_reason", "1 for the term that dominates the composite", ("reason",))
@@ -222,6 +223,7 @@ class _TargetCollector(Collector):
                     ("pressure", c.pressure),
                     ("rate", c.rate),
                     ("slo_floor", c.slo_floor),
+                    ("hold", c.hold),
                 ):
                     if maybe_term is not None:
                         term.add_metric([*labels, name], maybe_term)

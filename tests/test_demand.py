@@ -724,3 +724,23 @@ def test_the_rate_is_pending_only_until_the_window_could_hold_one() -> None:
     # the first scrape has no interval; a bin closes every 10 s: two by t = 20
     assert pending == [True, True, True, True, False, False]
     assert known == [False, False, False, False, True, True]
+
+
+def test_restored_bins_too_old_for_the_window_leave_the_rate_pending() -> None:
+    """A record older than the reader's window gives no rate: its bins must not end the first seconds'
+    hold (a standby that read a 20-s-old record at a 20-s window answered 0.2 for busy replicas)."""
+    from keda_llm_scaler.learned import aged
+
+    old = DemandTracker(scrape_interval=1.0, config=DemandConfig(calm_window_s=20.0))
+    for i in range(12):
+        old.observe(float(i), ["a"], [counters("a", 9.0 * i, running=4)])
+    state = old.learned(11.0)
+    assert state.bins
+    # a fleet worker keeps bins far longer than one trigger's window (another trigger may read a longer one)
+    fresh = DemandTracker(scrape_interval=1.0, config=DemandConfig(calm_window_s=20.0), retain_s=4320.0)
+    fresh.adopt(aged(state, 60.0), 71.0)  # read a minute after it was written: past the window's history
+    assert fresh.estimate(71.0) is None
+    assert fresh.rate_pending()
+    recent = DemandTracker(scrape_interval=1.0, config=DemandConfig(calm_window_s=20.0))
+    recent.adopt(aged(state, 1.0), 12.0)
+    assert recent.estimate(12.0) is not None  # a recent record: a rate at once (no hold needed)

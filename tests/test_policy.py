@@ -315,15 +315,29 @@ def test_a_busy_fleet_whose_rate_is_not_known_yet_holds_its_serving_replicas() -
     assert rated.dominant != "hold" and rated.value < 5.0
 
 
-def test_holding_counts_only_the_replicas_serving_work_and_never_lowers_the_answer() -> None:
+def test_holding_keeps_every_awake_replica_of_a_fleet_serving_work_and_never_lowers_the_answer() -> None:
+    # at light load some replicas are idle at any one scrape: the hold is the fleet, not that count
     mixed = [
         ReplicaInput(waiting=0, running=2, kv_usage=0.02, reject_rate=0.0, admitted_rate=1.0),
-        ReplicaInput(waiting=1, running=0, kv_usage=0.0, reject_rate=0.0, admitted_rate=1.0),
+        ReplicaInput(waiting=0, running=0, kv_usage=0.0, reject_rate=0.0, admitted_rate=1.0),
         ReplicaInput(waiting=0, running=0, kv_usage=0.0, reject_rate=0.0, admitted_rate=0.0),
     ]
-    assert composite(mixed, P, rate_pending=True).value == 2.0  # the idle third is not held
+    held = composite(mixed, P, rate_pending=True)
+    assert (held.value, held.hold, held.dominant) == (3.0, 3.0, "hold")
+    assert composite(mixed, P).hold is None
     idle = fleet(3, waiting=0, running=0, kv_usage=0.0, reject_rate=0.0, admitted_rate=0.0)
     assert composite(idle, P, rate_pending=True).value == 0.0  # an idle fleet may still go to zero
-    # pressure above the busy count: the pressure side stands
+    # pressure above the fleet's size: the pressure side stands
     queued = fleet(2, waiting=40, running=4, kv_usage=0.95, reject_rate=0.0, admitted_rate=2.0)
     assert composite(queued, P, rate_pending=True).value == composite(queued, P).value > 2.0
+
+
+def test_a_hold_is_no_evidence_of_load_for_the_slo_guardrail() -> None:
+    # four busy replicas on light KV, TTFT twice the SLO: the guardrail needs the signals to corroborate
+    # a breach (long prompts, a slow node), and a held fleet's size is not a signal
+    p = dataclasses.replace(P, ttft_slo_s=1.0)
+    busy = fleet(4, waiting=0, running=3, kv_usage=0.02, reject_rate=0.0, admitted_rate=2.0)
+    warm = composite(busy, p, ttft_quantile_s=2.0)
+    cold = composite(busy, p, ttft_quantile_s=2.0, rate_pending=True)
+    assert cold.value == max(4.0, warm.value)
+    assert cold.slo_floor == warm.slo_floor

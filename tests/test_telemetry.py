@@ -32,7 +32,12 @@ async def test_exported_values_match_the_served_composite() -> None:
         dead = f"http://127.0.0.1:{dead_port()}"
         async with running_scaler() as server, channel_to(server) as ch:
             keda = KedaEmulator(ch, "llm", "serving", {"endpoints": ",".join([*(r.url for r in fleet), dead]), **FAST})
-            served = (await keda.poll()).value
+            # past the first seconds, which hold the fleet's 3 replicas while its rate is not known yet
+            # (policy.composite: two 2-s bins at this scrape interval)
+            for _ in range(100):  # 20 s at most
+                if (served := (await keda.poll()).value) != 3.0:
+                    break
+                await asyncio.sleep(0.2)
             m = await asyncio.to_thread(scrape, server.metrics_port)
     labels = {"namespace": "serving", "scaledobject": "llm"}
 
