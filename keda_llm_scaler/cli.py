@@ -298,9 +298,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGINT too, not left to Python's default: a process started from a non-interactive shell's
     # background job inherits SIGINT ignored, and Python then installs no handler for it, so a Ctrl-C
     # (or the process group's SIGINT) during start-up was lost while the same signal a second later stopped it.
-    signal.signal(signal.SIGTERM, _stop_starting)
-    signal.signal(signal.SIGINT, _stop_starting)
     try:
+        # inside the try: a signal that arrives as its handler is installed runs that handler on the way
+        # out of signal.signal itself (a CI run saw the KeyboardInterrupt escape from there, exit -2)
+        signal.signal(signal.SIGTERM, _stop_starting)
+        signal.signal(signal.SIGINT, _stop_starting)
         return _main(argv)
     except KeyboardInterrupt:
         return 0
