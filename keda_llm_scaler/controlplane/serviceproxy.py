@@ -10,8 +10,9 @@ moves from a killed scaler pod to another, and this proxy reproduces exactly tha
   random among ready endpoints; a fixed order lets a test know which scaler KEDA talks to. A killed
   process refuses at once, as an endpoint the endpoints controller removed would not be picked;
 - bytes are copied both ways unchanged (gRPC's HTTP/2 included);
-- when either side ends or fails, both are closed: the client sees the connection go, as it would see
-  the dead pod's reset through kube-proxy.
+- when either side ends or fails, both are reset at once: the client sees the connection go, as it
+  sees a killed pod's reset through kube-proxy. (A graceful close, whose last bytes kube-proxy would
+  still pass before the FIN, is not what this proxy is for: the failover test kills.)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections import Counter
 __all__ = ["ServiceProxy"]
 
 _CHUNK = 64 * 1024
+_CONNECT_TIMEOUT_S = 5.0  # a backend that neither accepts nor refuses is passed over, as a dead endpoint
 
 
 async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -42,8 +44,10 @@ class ServiceProxy:
         self.backends = list(backends)
         self.host = host
         self.port = port
-        self.connections: Counter[tuple[str, int]] = Counter()  # connections made to each backend
-        self.refused = 0  # connections no backend accepted
+        self._lock = threading.Lock()  # the counts are written on the proxy's thread, read on others
+        self._connections: Counter[tuple[str, int]] = Counter()
+        self._refused = 0
+        self._closing = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="service-proxy", daemon=True)
         self._server: asyncio.Server | None = None
@@ -52,6 +56,18 @@ class ServiceProxy:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def connections(self) -> dict[tuple[str, int], int]:
+        """Connections made to each backend so far (a copy)."""
+        with self._lock:
+            return dict(self._connections)
+
+    @property
+    def refused(self) -> int:
+        """Connections no backend accepted."""
+        with self._lock:
+            return self._refused
 
     def start(self) -> str:
         self._thread.start()
@@ -63,6 +79,7 @@ class ServiceProxy:
 
     def stop(self) -> None:
         async def close() -> None:
+            self._closing = True  # a connection accepted from now on is reset at once
             if self._server is not None:
                 self._server.close()
             for task in list(self._open):
@@ -85,15 +102,20 @@ class ServiceProxy:
             self._open.discard(task)
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self._closing:
+            client_w.transport.abort()
+            return
         for backend in self.backends:
             try:
-                backend_r, backend_w = await asyncio.open_connection(*backend)
-            except OSError:
+                backend_r, backend_w = await asyncio.wait_for(asyncio.open_connection(*backend), _CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError):
                 continue  # not listening (killed, or not up yet): the next endpoint
-            self.connections[backend] += 1
+            with self._lock:
+                self._connections[backend] += 1
             break
         else:
-            self.refused += 1
+            with self._lock:
+                self._refused += 1
             client_w.transport.abort()
             return
         ways = [asyncio.create_task(_copy(client_r, backend_w)), asyncio.create_task(_copy(backend_r, client_w))]

@@ -58,16 +58,19 @@ def start_scaler(args: list[str], log: Path, env: dict[str, str] | None = None) 
         proc = subprocess.Popen([sys.executable, "-m", "keda_llm_scaler", *args], stdout=out,
                                 stderr=subprocess.STDOUT, env=env)  # fmt: skip
 
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with {proc.returncode}")
-        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).status_code == 200
-
-    try:
-        eventually(up, 60, f"{args[0]}'s /metrics")
-    except AssertionError as exc:
-        stop_process(proc, log, args[0])
-        raise AssertionError(f"{exc}: {log.read_text(errors='replace')[-2000:]}") from exc
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:  # at once, not after the budget: a scaler that exited will not come up
+            raise AssertionError(f"{args[0]} exited with {proc.returncode}: {log.read_text(errors='replace')[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            stop_process(proc, log, args[0])
+            raise AssertionError(f"{args[0]}'s /metrics: not within 60s: {log.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.5)
     return proc
 
 

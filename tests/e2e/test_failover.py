@@ -3,7 +3,7 @@
 Two ``serve`` processes share the learned state in a ConfigMap (the chart's ``replicaCount: 2``) behind
 a Service proxy that does kube-proxy's part (``keda_llm_scaler.controlplane.serviceproxy``): KEDA's one
 gRPC connection reaches the first; the second is a standby that no call reaches. During a ramp the
-first is killed with SIGKILL (a node lost, an OOM kill: no last write, no stream ended cleanly). KEDA's
+first is killed with SIGKILL (an OOM kill, a crash: no last write, no stream ended cleanly). KEDA's
 connection breaks, its next call opens a new one, which reaches the standby.
 
 The reference is measured in the same run: a control fleet in another namespace gets the same load at
@@ -47,7 +47,8 @@ RAMP = (3.0, 6.0, 9.0, 12.0)  # req/s, at 3 req/s per replica planned at 0.9: 2,
 STEP_S = 25.0
 KILL_AFTER_S = 15.0  # into the third step: the fleet is growing, the window mostly holds the new load
 HOLD_S = 45.0  # at the top, after the ramp
-SETTLED_S = 6.0  # the primary's answers compared with the standby's first
+SETTLED_S = 6.0  # the primary's last answers compared with the standby's first, over this long
+DRAIN_S = 8.0  # after the load stops, before the requests are counted
 
 
 @dataclass
@@ -113,7 +114,8 @@ def scaler_pods(api: Api, tmp_path: Path) -> Iterator[tuple[ScalerPod, ScalerPod
             pod.proc = start_scaler(
                 ["serve", "--host", "127.0.0.1", "--grpc-port", str(pod.grpc_port),
                  "--metrics-port", str(metrics_port), "--kubeconfig", os.environ["KUBECONFIG"],
-                 "--log-json", "true", "--state-configmap", f"{STATE_NAMESPACE}/{state}"],
+                 "--log-json", "true", "--scrape-workers", "0",
+                 "--state-configmap", f"{STATE_NAMESPACE}/{state}"],
                 pod.log, env,
             )  # fmt: skip
             started.append(pod)
@@ -168,7 +170,7 @@ def test_a_scaler_pod_killed_during_a_ramp_hands_over_without_fallback_or_loss(
         eventually(lambda f=f: any(p["ready"] for p in pods.of(f.namespace, "vllm")), 60, "the first pod ready")
     eventually(lambda: primary.composite(ns) is not None, 60, "the primary answers for the fleet")
     assert standby.composite(ns) is None, "the standby answers nothing while KEDA's connection is elsewhere"
-    assert proxy.connections[("127.0.0.1", standby.grpc_port)] == 0
+    assert proxy.connections.get(("127.0.0.1", standby.grpc_port), 0) == 0
 
     w = Watch()
     watcher = threading.Thread(target=_watch, args=(api, fleet, control, primary, standby, w), daemon=True)
@@ -192,13 +194,15 @@ def test_a_scaler_pod_killed_during_a_ramp_hands_over_without_fallback_or_loss(
     finally:
         w.stop.set()
         watcher.join(timeout=10)
-    after = (pods.served(ns, "vllm"), pods.served(cns, "vllm"))
     pods.load(ns, "vllm", 0)
     pods.load(cns, "vllm", 0)
+    time.sleep(DRAIN_S)  # what is in flight finishes; what never will counts against its fleet
+    after = (pods.served(ns, "vllm"), pods.served(cns, "vllm"))
 
     def attainment(i: int) -> tuple[float, int]:
-        (_, f0, w0), (_, f1, w1) = before[i], after[i]
-        return (w1 - w0) / max(f1 - f0, 1), f1 - f0
+        """Requests within the SLO over requests sent: one sent while no pod served, or cut, is a miss."""
+        (s0, _, w0), (s1, _, w1) = before[i], after[i]
+        return (w1 - w0) / max(s1 - s0, 1), s1 - s0
 
     (got, n), (reference, n_ref) = attainment(0), attainment(1)
     assert killed_at is not None
@@ -207,20 +211,23 @@ def test_a_scaler_pod_killed_during_a_ramp_hands_over_without_fallback_or_loss(
         f"fallback {s.fallback} primary {s.primary} standby {s.standby}"
         for s in w.samples
     )
-    summary = (f"killed at {killed_at:.1f}s; attainment {got:.4f} of {n} against the control's {reference:.4f} "
-               f"of {n_ref}; proxy connections {dict(proxy.connections)}\n{trace}")  # fmt: skip
+    summary = (f"killed at {killed_at:.1f}s; attainment {got:.4f} of {n} sent against the control's "
+               f"{reference:.4f} of {n_ref}; proxy connections {proxy.connections}; watch errors "
+               f"{w.errors[-5:]}\n{trace}")  # fmt: skip
     print(summary)
-    assert proxy.connections[("127.0.0.1", standby.grpc_port)] >= 1, f"KEDA never reached the standby\n{summary}"
-    first_standby = next((s for s in w.samples if s.standby is not None), None)
-    assert first_standby is not None, f"the standby never answered for the fleet\n{summary}"
+    assert n > 1000 and n_ref > 1000, f"the load was sent\n{summary}"
+    assert proxy.connections.get(("127.0.0.1", standby.grpc_port), 0) >= 1, f"KEDA never reached the standby\n{summary}"
     # the load is the same from 15 s before the kill to the step's end: two pods' answers, one replica apart.
-    # Against the primary's median over its last 6 s, not its last sample: at a steady 9 req/s one answer
-    # moves between 2.6 and 4.2 (Poisson arrivals over 4-s bins)
-    primary_then = statistics.median(
-        s.primary for s in w.samples if s.primary is not None and s.t > killed_at - SETTLED_S
-    )
-    assert first_standby.standby is not None and abs(first_standby.standby - primary_then) <= 1.0, (
-        f"the standby's first answer {first_standby.standby} against the primary's {primary_then}\n{summary}"
+    # Medians over 6 s, not single samples: at a steady 9 req/s one answer moves between 2.6 and 4.2
+    # (Poisson arrivals over 4-s bins)
+    standby_answers = [s for s in w.samples if s.standby is not None]
+    primary_then = [s.primary for s in w.samples if s.primary is not None and s.t > killed_at - SETTLED_S]
+    assert standby_answers and primary_then, f"no answers to compare\n{summary}"
+    start = standby_answers[0].t
+    standby_first = [s.standby for s in standby_answers if s.standby is not None and s.t <= start + SETTLED_S]
+    took_over, was = statistics.median(standby_first), statistics.median(primary_then)
+    assert abs(took_over - was) <= 1.0, (
+        f"the standby's first answers {took_over} against the primary's {was}\n{summary}"
     )
     assert max(s.failures for s in w.samples) <= FALLBACK["failureThreshold"], f"fallback's count\n{summary}"
     assert all(s.fallback != "True" for s in w.samples), f"KEDA applied the fallback\n{summary}"
