@@ -316,8 +316,9 @@ def composite(
     ``demand``: the fleet's offered load (``keda_llm_scaler.demand``); ``ttft_quantile_s``: the fleet's TTFT at
     ``p.ttft_slo_quantile`` over the rate window, for the SLO guardrail. ``held``: the requests the pool's
     gateway holds for it; while no replica is ready they are its demand (a pool at zero has nothing else to
-    read): one replica per targetQueueDepth of them, at least one. ``rate_pending``: the demand window is
-    still filling (``DemandTracker.rate_pending``), so a missing ``demand`` is unknown, not low.
+    read): one replica per targetQueueDepth of them, at least one. ``rate_pending``: no rate of the
+    scaler's own yet (``DemandTracker.rate_pending``): neither a missing ``demand`` nor a restored one is a
+    reason to read fewer replicas than serve work.
     """
     # A replica asleep (and idle: one showing work is read as it shows) serves nothing and says nothing about
     # the load: it is left out of the scores, so the fleet's readings (its size for the reject floor, the SLO
@@ -387,14 +388,16 @@ def composite(
     # the SLO guardrail is judged on what the signals say, before any hold: a hold is no evidence of load
     floor = slo_floor(ttft_quantile_s, len(scores), p, total, itl_quantile_s)
     holding = 0.0
-    if rate_pending and demand is None and any(nonneg(r.running) + nonneg(r.waiting) > 0 for r in replicas):
+    if rate_pending and any(nonneg(r.running) + nonneg(r.waiting) > 0 for r in replicas):
         # The first seconds after the scaler meets a fleet (a start without state, a failover to a pod
         # that never scraped it) have no rate: the pressure side alone reads KV and queues, a few hundredths
         # of a replica for a fleet whose replicas are busy but whose KV is light. Nothing says the replicas
         # there are too many, so a fleet serving work holds them all until its rate is known (not only the
         # ones busy at this scrape: at light load that count flickers). A cold standby answered 0.1 for
         # five busy replicas, and the real HPA took the fleet from 5 to 1 before the rate came
-        # (tests/e2e/test_failover.py with the state not shared).
+        # (tests/e2e/test_failover.py with the state not shared). A restored window does not end it: it may
+        # be seconds to minutes old, and during a ramp it reads the load before the rise (a standby read
+        # 2.7 from an 11-s-old record where the pod it replaced read 4.1); it may ask for more, not fewer.
         holding = float(len(scores))
         total = max(total, holding)
     if floor is not None:

@@ -310,9 +310,12 @@ def test_a_busy_fleet_whose_rate_is_not_known_yet_holds_its_serving_replicas() -
     # once the window could have a rate, a missing one is not a reason to hold (the pressure side reads)
     warm = composite(busy, P, rate_pending=False)
     assert warm.value < 1.0 and warm.dominant != "hold"
-    # a rate known: it decides, holding or not
-    rated = composite(busy, P, demand=_estimate(need=4.0, capacity=2.0), rate_pending=True)
-    assert rated.dominant != "hold" and rated.value < 5.0
+    # a rate from a restored window (no rate of its own yet) may ask for more, never for fewer
+    restored = _estimate(need=4.0, capacity=2.0)
+    assert composite(busy, P, demand=restored).value < 5.0
+    assert composite(busy, P, demand=restored, rate_pending=True).value == 5.0
+    more = _estimate(need=30.0, capacity=2.0)
+    assert composite(busy, P, demand=more, rate_pending=True).value == composite(busy, P, demand=more).value > 5.0
 
 
 def test_holding_keeps_every_awake_replica_of_a_fleet_serving_work_and_never_lowers_the_answer() -> None:
