@@ -880,7 +880,7 @@ class DemandTracker:
     def rate_pending(self) -> bool:
         """No rate of its own yet: fewer than two bins closed by this process since it met the fleet (a
         scaler that just started, or a standby that just took over). Unknown, which is not low. Restored
-        bins do not count: they may be too old for the reader's window, and then give no rate either.
+        bins do not count: they may be too old for the reader's window, or read the load before a rise.
         Bounded in time whatever the counters say: two bins are about 9 s at a 1 s scrape, 25 s at 5 s."""
         return self._own_bins_closed < 2
 

@@ -192,7 +192,7 @@ def _score_signals(r: ReplicaInput, p: ScoringParams, drain_requests: float | No
         reject = MAX_REJECT_TERM if admitted == 0 else min(MAX_REJECT_TERM, rejects / admitted)
         load = max(load, 1.0)
     demand = load + queue + reject
-    if nonneg(r.running) + nonneg(r.waiting) > 0:
+    if _in_flight(r):
         demand = max(demand, IN_FLIGHT_FLOOR)
     return ReplicaScore(demand, load, queue, reject, rejecting, assumed_at_target=False)
 
@@ -283,14 +283,13 @@ def _guardrail(quantile_s: float | None, slo_s: float | None, replicas: int, sig
     return None
 
 
+def _in_flight(r: ReplicaInput) -> bool:
+    """The replica holds work: requests running or waiting."""
+    return nonneg(r.running) + nonneg(r.waiting) > 0
+
+
 def _idle_asleep(r: ReplicaInput) -> bool:
-    return (
-        r.asleep
-        and not r.expired
-        and nonneg(r.waiting) == 0
-        and nonneg(r.running) == 0
-        and not nonneg(r.reject_rate) > 0
-    )
+    return r.asleep and not r.expired and not _in_flight(r) and not nonneg(r.reject_rate) > 0
 
 
 def _arriving(demand: DemandEstimate | None, p: ScoringParams) -> bool:
@@ -388,7 +387,7 @@ def composite(
     # the SLO guardrail is judged on what the signals say, before any hold: a hold is no evidence of load
     floor = slo_floor(ttft_quantile_s, len(scores), p, total, itl_quantile_s)
     holding = 0.0
-    if rate_pending and any(nonneg(r.running) + nonneg(r.waiting) > 0 for r in replicas):
+    if rate_pending and any(_in_flight(r) for r in replicas):
         # The first seconds after the scaler meets a fleet (a start without state, a failover to a pod
         # that never scraped it) have no rate: the pressure side alone reads KV and queues, a few hundredths
         # of a replica for a fleet whose replicas are busy but whose KV is light. Nothing says the replicas
