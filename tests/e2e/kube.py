@@ -20,7 +20,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from keda_llm_scaler.controlplane.api import Api
 
-__all__ = ["Fleet", "Pods", "admin_api", "eventually", "free_port", "scaler_metric", "start_scaler", "stop_process"]
+__all__ = [
+    "Fleet",
+    "Pods",
+    "admin_api",
+    "condition",
+    "eventually",
+    "free_port",
+    "scaler_metric",
+    "start_scaler",
+    "stop_process",
+]
 
 
 def admin_api() -> Api:
@@ -120,13 +130,17 @@ class Pods:
         r.raise_for_status()
 
 
+def condition(so: dict[str, Any], kind: str) -> str | None:
+    """A ScaledObject's condition of that type ("True", "False", "Unknown"), None before KEDA sets it."""
+    for c in (so.get("status") or {}).get("conditions", []):
+        if c.get("type") == kind:
+            return str(c.get("status"))
+    return None
+
+
 def scaled_object_active(api: Api, namespace: str, name: str) -> str | None:
     """The ScaledObject's ``Active`` condition ("True", "False"), None before KEDA sets it."""
-    so = api.get("keda.sh/v1alpha1", "ScaledObject", namespace, name) or {}
-    for c in (so.get("status") or {}).get("conditions", []):
-        if c["type"] == "Active":
-            return str(c["status"])
-    return None
+    return condition(api.get("keda.sh/v1alpha1", "ScaledObject", namespace, name) or {}, "Active")
 
 
 def scaler_metric(name: str, url: str | None = None, **labels: str) -> float | None:

@@ -33,7 +33,7 @@ import pytest
 
 from keda_llm_scaler.controlplane.api import Api
 from keda_llm_scaler.controlplane.serviceproxy import ServiceProxy
-from tests.e2e.kube import Fleet, Pods, eventually, free_port, scaler_metric, start_scaler, stop_process
+from tests.e2e.kube import Fleet, Pods, condition, eventually, free_port, scaler_metric, start_scaler, stop_process
 
 FAST = {"service": "vllm", "engine": "vllm", "replicaCapacity": "3", "scrapeInterval": "1", "demandWindow": "20"}
 BEHAVIOR = {
@@ -91,13 +91,6 @@ def _health_failures(so: dict[str, Any]) -> int:
     return max((int(h.get("numberOfFailures", 0)) for h in health.values()), default=0)
 
 
-def _condition(so: dict[str, Any], kind: str) -> str | None:
-    for c in (so.get("status") or {}).get("conditions", []):
-        if c.get("type") == kind:
-            return str(c.get("status"))
-    return None
-
-
 @pytest.fixture
 def scaler_pods(api: Api, tmp_path: Path) -> Iterator[tuple[ScalerPod, ScalerPod, ServiceProxy]]:
     api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": STATE_NAMESPACE}})
@@ -146,7 +139,7 @@ def _watch(api: Api, fleet: Fleet, control: Fleet, primary: ScalerPod, standby: 
             so = api.get("keda.sh/v1alpha1", "ScaledObject", fleet.namespace, "vllm") or {}
             w.samples.append(Sample(
                 time.monotonic() - start, fleet.spec_replicas(), control.spec_replicas(), _health_failures(so),
-                _condition(so, "Fallback"), primary.composite(fleet.namespace), standby.composite(fleet.namespace),
+                condition(so, "Fallback"), primary.composite(fleet.namespace), standby.composite(fleet.namespace),
             ))  # fmt: skip
         except Exception as exc:  # the API server busy for a moment: the next sample
             w.errors.append(repr(exc))

@@ -4,20 +4,13 @@ applied by the real HPA, and the fleet returns to the composite's size once the 
 from __future__ import annotations
 
 from keda_llm_scaler.controlplane.api import Api
-from tests.e2e.kube import Fleet, Pods, eventually
+from tests.e2e.kube import Fleet, Pods, condition, eventually
 
 FAST = {"service": "vllm", "engine": "vllm", "replicaCapacity": "3", "scrapeInterval": "1", "demandWindow": "20"}
 BEHAVIOR = {
     "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 4, "periodSeconds": 5}]},
     "scaleDown": {"stabilizationWindowSeconds": 5, "policies": [{"type": "Pods", "value": 4, "periodSeconds": 5}]},
 }
-
-
-def _condition(so: dict[str, object], kind: str) -> str | None:
-    for c in (so.get("status") or {}).get("conditions", []):  # type: ignore[attr-defined]
-        if c.get("type") == kind:
-            return str(c.get("status"))
-    return None
 
 
 def test_unavailable_applies_fallback_then_recovers(api: Api, pods: Pods, fleet: Fleet) -> None:
@@ -33,7 +26,7 @@ def test_unavailable_applies_fallback_then_recovers(api: Api, pods: Pods, fleet:
         assert got is not None
         return got
 
-    eventually(lambda: _condition(scaled_object(), "Ready") == "True", 60, "the ScaledObject Ready")
+    eventually(lambda: condition(scaled_object(), "Ready") == "True", 60, "the ScaledObject Ready")
     assert fleet.spec_replicas() == 1
 
     # every replica answers 500: after staleAfter (15 s) the scaler answers UNAVAILABLE, never a 0
@@ -41,8 +34,8 @@ def test_unavailable_applies_fallback_then_recovers(api: Api, pods: Pods, fleet:
     eventually(lambda: fleet.spec_replicas() == 4, 120, "KEDA applies the fallback (4 replicas)")
     # the operator writes the condition from its own polling loop, which can lag the HPA path that applied
     # the fallback replicas (a loaded CI run read False right after the fleet reached 4)
-    eventually(lambda: _condition(scaled_object(), "Fallback") == "True", 60, "the Fallback condition")
+    eventually(lambda: condition(scaled_object(), "Fallback") == "True", 60, "the Fallback condition")
 
     pods.fail(ns, "vllm", None)
-    eventually(lambda: _condition(scaled_object(), "Fallback") == "False", 120, "the fallback ends")
+    eventually(lambda: condition(scaled_object(), "Fallback") == "False", 120, "the fallback ends")
     eventually(lambda: fleet.spec_replicas() == 1, 120, "back to the composite's size (idle: minReplicaCount)")
