@@ -317,3 +317,87 @@ def test_two_releases_shard_scaled_objects_without_colliding() -> None:
     (deploy,) = by_kind(rendered["llm-scaler-a"], "Deployment")
     env = {e["name"]: e.get("value") for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["LLM_SCALER_SCRAPE_WORKERS"] == "2"
+
+
+SHADOW = {
+    "shadow": {
+        "enabled": True,
+        "workloads": [
+            {
+                "name": "llama-70b",
+                "namespace": "serving",
+                "metadata": {"service": "vllm-llama-70b", "ttftSloSeconds": 2},  # a number, as YAML users write it
+                "scaleTargetRef": {"kind": "Deployment", "name": "vllm-llama-70b"},
+                "maxReplicaCount": 16,
+            },
+            {"name": "chat", "metadata": {"service": "vllm-chat"}},  # in the release's namespace
+        ],
+    },
+    "networkPolicy": {"enabled": True},
+}
+
+
+def test_shadow_mode_runs_shadow_on_a_file_it_accepts_and_opens_nothing_that_acts(tmp_path: Path) -> None:
+    from keda_llm_scaler.shadow import check_shadow_settings, load_shadow_config
+
+    docs = render(SHADOW)
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    (dep,) = by_kind(docs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["args"][:2] == ["shadow", "--config"]
+    # the file the pod reads, from the ConfigMap it mounts, as shadow parses it
+    (cm,) = by_kind(docs, "ConfigMap")
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "shadow"]
+    assert c["args"][2] == f"{mount['mountPath']}/shadow.yaml"
+    assert {"name": "shadow", "configMap": {"name": cm["metadata"]["name"]}} in pod["volumes"]
+    (tmp_path / "shadow.yaml").write_text(cm["data"]["shadow.yaml"])
+    workloads = load_shadow_config(tmp_path / "shadow.yaml")
+    assert [(w.namespace, w.name) for w in workloads] == [("serving", "llama-70b"), ("keda", "chat")]
+    assert workloads[0].metadata["ttftSloSeconds"] == "2" and workloads[0].max_replicas == 16
+    # shadow's refusals (--state-configmap, --victim-ranking) never trip on the chart's own settings
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    assert "LLM_SCALER_STATE_CONFIGMAP" not in env
+    check_shadow_settings(settings_from(argparse.Namespace(), env))
+    # no gRPC anywhere: no port, no gRPC probe, no Service port, no ingress rule for KEDA
+    assert [p["name"] for p in c["ports"]] == ["metrics"]
+    assert c["readinessProbe"]["httpGet"] == {"port": "metrics", "path": "/metrics"}
+    assert c["livenessProbe"]["httpGet"] == {"port": "metrics", "path": "/metrics"}
+    (svc,) = by_kind(docs, "Service")
+    assert [p["name"] for p in svc["spec"]["ports"]] == ["metrics"]
+    (netpol,) = by_kind(docs, "NetworkPolicy")
+    assert [p["port"] for rule in netpol["spec"]["ingress"] for p in rule["ports"]] == ["metrics"]
+    # read-only access where the workloads are, and no state Role (shadow writes nothing to the cluster)
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["keda", "serving"]
+    for role in roles:
+        for rule in role["rules"]:
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}
+    # a change to the workloads restarts the pod (it reads the file once)
+    other = copy.deepcopy(SHADOW)
+    other["shadow"]["workloads"][1]["metadata"]["service"] = "vllm-chat-2"
+    (dep2,) = by_kind(render(other), "Deployment")
+    key = "checksum/shadow-config"
+    assert dep["spec"]["template"]["metadata"]["annotations"][key] != dep2["spec"]["template"]["metadata"]["annotations"][key]
+    report = helm_python.lint(str(CHART), SHADOW, strict=True, kube_version=f"v{K8S_VERSION}")
+    assert report["errors"] == []
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"shadow": {"enabled": True, "workloads": []}}, r"shadow.workloads: list the workloads"),
+        ({"victimRanking": {"namespaces": ["serving"]}}, r"victim ranking writes pod-deletion-cost"),
+        ({"replicaCount": 2}, r"replicaCount above 1"),
+        ({"shadow": {"enabled": True, "workloads": [{"name": "x", "namespace": "*"}]}}, r"namespace \"\*\" of workload x"),
+        ({"shadow": {"enabled": True, "workloads": ["x"]}}, r"each entry is a mapping"),
+    ],
+    ids=["no-workloads", "victim-ranking", "two-pods", "bad-namespace", "not-a-mapping"],
+)
+def test_shadow_mode_refuses_what_would_act_or_scrape_twice(change: dict[str, Any], message: str) -> None:
+    values = copy.deepcopy(SHADOW)
+    for key, value in change.items():
+        values[key] = {**values.get(key, {}), **value} if isinstance(value, dict) else value
+    with pytest.raises(helm_python.HelmError, match=message):
+        render(values)

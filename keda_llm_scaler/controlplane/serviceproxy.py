@@ -98,6 +98,10 @@ class ServiceProxy:
         self._open.add(task)
         try:
             await self._serve(client_r, client_w)
+        except asyncio.CancelledError:
+            # stop() cancels what is open: end quietly, since asyncio's stream callback logs a handler
+            # that ends cancelled as an error (a traceback in every test's teardown)
+            client_w.transport.abort()
         finally:
             self._open.discard(task)
 

@@ -8,9 +8,9 @@ connection breaks, its next call opens a new one, which reaches the standby.
 
 The reference is measured in the same run: a control fleet in another namespace gets the same load at
 the same moments through the harness's scaler, which nobody kills. The fleet that failed over must
-never apply KEDA's fallback, the standby's first answer must be within one replica of the primary's at
-the same load, the fleet must not shrink by more than the composite's noise (one replica), must reach
-the ramp's top, and serve as well as the control fleet.
+never apply KEDA's fallback, the standby's first answers must be within one replica of the primary's
+at the same load (or hold the fleet's size, never more), the fleet must not shrink by more than the
+composite's noise (one replica), must reach the ramp's top, and serve as well as the control fleet.
 
 Seen to fail with the standby cold (no shared state) and the 0.2 scoring of a fleet's first seconds:
 its first answer was 0.116 against the primary's 4.2, and the real HPA took the fleet from 5 to 1.
@@ -210,17 +210,22 @@ def test_a_scaler_pod_killed_during_a_ramp_hands_over_without_fallback_or_loss(
     print(summary)
     assert n > 1000 and n_ref > 1000, f"the load was sent\n{summary}"
     assert proxy.connections.get(("127.0.0.1", standby.grpc_port), 0) >= 1, f"KEDA never reached the standby\n{summary}"
-    # the load is the same from 15 s before the kill to the step's end: two pods' answers, one replica apart.
-    # Medians over 6 s, not single samples: at a steady 9 req/s one answer moves between 2.6 and 4.2
-    # (Poisson arrivals over 4-s bins)
+    # the load is the same from 15 s before the kill to the step's end: the standby picks up where the
+    # primary left off. Medians over 6 s, not single samples: at a steady 9 req/s one answer moves between
+    # 2.6 and 4.2 (Poisson arrivals over 4-s bins). Within one replica of the primary's answer, or above
+    # it only as far as the fleet's size: until its own rate is known the standby holds the replicas it
+    # finds serving (the hold, keda_llm_scaler/policy.py), which asks for no replica the fleet lacks and
+    # takes none away. A fleet the primary was shrinking when it died (the HPA's scale-down window still
+    # keeping it) reads as that hold: 5.0 against the primary's 3.47 on a fleet of 5
     standby_answers = [s for s in w.samples if s.standby is not None]
     primary_then = [s.primary for s in w.samples if s.primary is not None and s.t > killed_at - SETTLED_S]
     assert standby_answers and primary_then, f"no answers to compare\n{summary}"
     start = standby_answers[0].t
     standby_first = [s.standby for s in standby_answers if s.standby is not None and s.t <= start + SETTLED_S]
     took_over, was = statistics.median(standby_first), statistics.median(primary_then)
-    assert abs(took_over - was) <= 1.0, (
-        f"the standby's first answers {took_over} against the primary's {was}\n{summary}"
+    fleet_then = max(s.replicas for s in w.samples if killed_at - SETTLED_S < s.t <= start + SETTLED_S)
+    assert was - 1.0 <= took_over <= max(was + 1.0, fleet_then), (
+        f"the standby's first answers {took_over} against the primary's {was} (a fleet of {fleet_then})\n{summary}"
     )
     assert max(s.failures for s in w.samples) <= FALLBACK["failureThreshold"], f"fallback's count\n{summary}"
     assert all(s.fallback != "True" for s in w.samples), f"KEDA applied the fallback\n{summary}"

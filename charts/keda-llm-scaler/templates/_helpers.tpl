@@ -51,9 +51,53 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s/%s:%s" .Values.image.registry .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* Namespaces the namespaced RBAC covers. */}}
+{{/* Namespaces the namespaced RBAC covers: rbac.namespaces, else (shadow) the workloads', else the release's. */}}
 {{- define "keda-llm-scaler.rbacNamespaces" -}}
-{{- if .Values.rbac.namespaces }}{{ join "," .Values.rbac.namespaces }}{{ else }}{{ .Release.Namespace }}{{ end }}
+{{- if .Values.rbac.namespaces }}{{ join "," (uniq .Values.rbac.namespaces) }}
+{{- else if .Values.shadow.enabled }}{{ join "," (include "keda-llm-scaler.shadowNamespaces" . | splitList "," | uniq) }}
+{{- else }}{{ .Release.Namespace }}{{ end }}
+{{- end }}
+
+{{/* Shadow's workloads, each with its namespace (the release's when it names none). */}}
+{{- define "keda-llm-scaler.shadowWorkloads" -}}
+{{- include "keda-llm-scaler.checkShadow" . }}
+{{- $out := list }}
+{{- range .Values.shadow.workloads }}
+{{- $out = append $out (merge (dict) . (dict "namespace" $.Release.Namespace)) }}
+{{- end }}
+{{- toYaml (dict "workloads" $out) }}
+{{- end }}
+
+{{- define "keda-llm-scaler.shadowNamespaces" -}}
+{{- include "keda-llm-scaler.checkShadow" . }}
+{{- $ns := list }}
+{{- range .Values.shadow.workloads }}
+{{- $ns = append $ns (default $.Release.Namespace .namespace) }}
+{{- end }}
+{{- join "," $ns }}
+{{- end }}
+
+{{/* Shadow acts on nothing: what would write to the cluster, or scrape twice, is refused at render. */}}
+{{- define "keda-llm-scaler.checkShadow" -}}
+{{- if .Values.shadow.enabled }}
+{{- if not .Values.shadow.workloads }}
+{{- fail "shadow.workloads: list the workloads shadow watches (docs/shadow.md)" }}
+{{- end }}
+{{- if .Values.victimRanking.namespaces }}
+{{- fail "shadow.enabled with victimRanking.namespaces: victim ranking writes pod-deletion-cost on the workloads' pods, and shadow acts on nothing" }}
+{{- end }}
+{{- if gt (int .Values.replicaCount) 1 }}
+{{- fail "shadow.enabled with replicaCount above 1: each shadow pod scrapes every replica; run one" }}
+{{- end }}
+{{- range .Values.shadow.workloads }}
+{{- if not (kindIs "map" .) }}
+{{- fail "shadow.workloads: each entry is a mapping (name, namespace, metadata, scaleTargetRef, ...)" }}
+{{- end }}
+{{- if and .namespace (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" (toString .namespace))) }}
+{{- fail (printf "shadow.workloads: namespace %q of workload %v is not a namespace name (its Role is made there)" (toString .namespace) .name) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* Read-only rules discovery needs: EndpointSlices (`service`), the ScaledObject's scaleTargetRef,
