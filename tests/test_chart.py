@@ -379,9 +379,39 @@ def test_shadow_mode_runs_shadow_on_a_file_it_accepts_and_opens_nothing_that_act
     other["shadow"]["workloads"][1]["metadata"]["service"] = "vllm-chat-2"
     (dep2,) = by_kind(render(other), "Deployment")
     key = "checksum/shadow-config"
-    assert dep["spec"]["template"]["metadata"]["annotations"][key] != dep2["spec"]["template"]["metadata"]["annotations"][key]
+    before, after = (d["spec"]["template"]["metadata"]["annotations"][key] for d in (dep, dep2))
+    assert before != after
     report = helm_python.lint(str(CHART), SHADOW, strict=True, kube_version=f"v{K8S_VERSION}")
     assert report["errors"] == []
+    # serve keeps what shadow drops: KEDA's ingress rule, the state, the rules
+    serving = render({"networkPolicy": {"enabled": True}, "prometheusRule": {"enabled": True}})
+    (netpol,) = by_kind(serving, "NetworkPolicy")
+    assert [p["port"] for rule in netpol["spec"]["ingress"] for p in rule["ports"]] == ["grpc", "metrics"]
+    assert by_kind(serving, "PrometheusRule")
+    assert not by_kind(render({**SHADOW, "prometheusRule": {"enabled": True}}), "PrometheusRule")
+
+
+def test_shadow_mode_reads_where_its_workloads_are() -> None:
+    def role_namespaces(values: dict[str, Any]) -> list[str]:
+        return sorted(r["metadata"]["namespace"] for r in by_kind(render({**SHADOW, **values}), "Role"))
+
+    # rbac.namespaces adds (a `service: ns/name` elsewhere), never replaces the workloads' own
+    assert role_namespaces({"rbac": {"namespaces": ["models", "serving"]}}) == ["keda", "models", "serving"]
+    # a namespace YAML would read as a number or a boolean stays a string
+    odd = copy.deepcopy(SHADOW)
+    odd["shadow"]["workloads"][1]["namespace"] = "on"
+    odd["shadow"]["workloads"][0]["namespace"] = "123"
+    docs = render(odd)
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["123", "on"]
+    wide = render({**SHADOW, "rbac": {"clusterWide": True}})
+    assert by_kind(wide, "ClusterRole") and not by_kind(wide, "Role")
+    chart = helm_python.Chart.load(str(CHART))
+    try:
+        notes = chart.render(SHADOW, name="shadow", namespace="keda", is_install=True)
+    finally:
+        chart.close()
+    text = next(t for path, t in notes.items() if path.endswith("NOTES.txt"))
+    assert "shadow mode" in text and "namespace(s): serving,keda." in text and "scalerAddress" not in text
 
 
 @pytest.mark.parametrize(
@@ -390,10 +420,12 @@ def test_shadow_mode_runs_shadow_on_a_file_it_accepts_and_opens_nothing_that_act
         ({"shadow": {"enabled": True, "workloads": []}}, r"shadow.workloads: list the workloads"),
         ({"victimRanking": {"namespaces": ["serving"]}}, r"victim ranking writes pod-deletion-cost"),
         ({"replicaCount": 2}, r"replicaCount above 1"),
-        ({"shadow": {"enabled": True, "workloads": [{"name": "x", "namespace": "*"}]}}, r"namespace \"\*\" of workload x"),
+        ({"shadow": {"enabled": True, "workloads": [{"name": "x", "namespace": "*"}]}}, r"namespace \"\*\" of"),
         ({"shadow": {"enabled": True, "workloads": ["x"]}}, r"each entry is a mapping"),
+        ({"shadow": {"enabled": True, "workloads": [{"name": "x", "namespace": "a" * 64}]}}, r"not a namespace name"),
+        ({"shadow": {"enabled": True, "workloads": [{"name": 42}]}}, r"name 42 is not a string"),
     ],
-    ids=["no-workloads", "victim-ranking", "two-pods", "bad-namespace", "not-a-mapping"],
+    ids=["no-workloads", "victim-ranking", "two-pods", "bad-namespace", "not-a-mapping", "too-long", "name-number"],
 )
 def test_shadow_mode_refuses_what_would_act_or_scrape_twice(change: dict[str, Any], message: str) -> None:
     values = copy.deepcopy(SHADOW)

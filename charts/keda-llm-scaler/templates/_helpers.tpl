@@ -51,10 +51,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s/%s:%s" .Values.image.registry .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* Namespaces the namespaced RBAC covers: rbac.namespaces, else (shadow) the workloads', else the release's. */}}
+{{/* Namespaces the namespaced RBAC covers: rbac.namespaces, else the release's; shadow: the workloads' too. */}}
 {{- define "keda-llm-scaler.rbacNamespaces" -}}
-{{- if .Values.rbac.namespaces }}{{ join "," (uniq .Values.rbac.namespaces) }}
-{{- else if .Values.shadow.enabled }}{{ join "," (include "keda-llm-scaler.shadowNamespaces" . | splitList "," | uniq) }}
+{{- if .Values.shadow.enabled }}{{ join "," (concat .Values.rbac.namespaces (include "keda-llm-scaler.shadowNamespaces" . | splitList ",") | uniq) }}
+{{- else if .Values.rbac.namespaces }}{{ join "," (uniq .Values.rbac.namespaces) }}
 {{- else }}{{ .Release.Namespace }}{{ end }}
 {{- end }}
 
@@ -93,7 +93,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if not (kindIs "map" .) }}
 {{- fail "shadow.workloads: each entry is a mapping (name, namespace, metadata, scaleTargetRef, ...)" }}
 {{- end }}
-{{- if and .namespace (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" (toString .namespace))) }}
+{{- if not (kindIs "string" .name) }}
+{{- fail (printf "shadow.workloads: name %v is not a string (the ScaledObject it would be)" .name) }}
+{{- end }}
+{{- if and .namespace (or (not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" (toString .namespace))) (gt (len (toString .namespace)) 63)) }}
 {{- fail (printf "shadow.workloads: namespace %q of workload %v is not a namespace name (its Role is made there)" (toString .namespace) .name) }}
 {{- end }}
 {{- end }}
