@@ -22,6 +22,7 @@ kept against forgotten), and prints the table with the command line that reprodu
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -39,6 +40,9 @@ WARMUP_S: Final = 900.0
 RESTART_BEFORE_RISE_S: Final = 300.0
 RESTARTS_PER_DAY: Final = 5  # evenly spaced after the warm-up, beside the one before the steepest rise
 TARGET: Final = 0.99
+# the uninterrupted scaler with more margin than the default 0.9 (``--knob``: targetUtilization): what
+# attainment extra replicas buy without losing any knowledge, to judge a cold restart's extra replicas by
+MARGINS: Final = (0.85, 0.8)
 # name: (curve model, hours, mix, profile, role)
 DAYS: Final[dict[str, tuple[str, tuple[float, float], str, str, str]]] = {
     "reference": ("m-mid", (30.0, 36.0), "conversation", "70b-h100x4", "the profile the rules were chosen on"),
@@ -63,9 +67,10 @@ def _day(name: str) -> tuple[CurveWorkload, list[float]]:
     return day, [max(WARMUP_S, rise * window - RESTART_BEFORE_RISE_S), *spaced]
 
 
-def command(name: str, peak: float, restart_at: float | None, forget: bool) -> str:
+def command(name: str, peak: float, restart_at: float | None, forget: bool, knob: float | None = None) -> str:
     model, hours, mix, profile, _ = DAYS[name]
     extra = "" if restart_at is None else f" --restart-at {restart_at:g}" + (" --forget-state" if forget else "")
+    extra += "" if knob is None else f" --knob {knob:g}"
     return (
         f"keda-llm-scaler replay --trace conv --rate-curve servegen --curve-model {model} "
         f"--hours {hours[0]:g}:{hours[1]:g} --mix {mix} --peak-rate {peak:g} --profile {profile} "
@@ -73,14 +78,32 @@ def command(name: str, peak: float, restart_at: float | None, forget: bool) -> s
     )
 
 
-def _run(job: tuple[str, float | None, bool]) -> tuple[str, float | None, bool, dict[str, Any], list[dict[str, Any]]]:
-    name, restart_at, forget = job
+Job = tuple[str, float | None, bool, float | None]  # day, restart at, forget, targetUtilization (None: 0.9)
+
+
+def _run(job: Job) -> tuple[Job, dict[str, Any], list[dict[str, Any]]]:
+    name, restart_at, forget, knob = job
     day, _ = _day(name)
     cfg = RunConfig(
-        profile=DAYS[name][3], hpa_behavior="llm", warmup_s=WARMUP_S, restart_at_s=restart_at, forget_state=forget
+        profile=DAYS[name][3],
+        hpa_behavior="llm",
+        warmup_s=WARMUP_S,
+        restart_at_s=restart_at,
+        forget_state=forget,
+        knob=knob,
     )
     result = simulate(day, cfg)
-    return name, restart_at, forget, result.summary, result.timeline
+    return job, result.summary, result.timeline
+
+
+def margin_frontier(points: list[tuple[float, float]], gpu_hours: float) -> float | None:
+    """The attainment the uninterrupted scaler reaches for ``gpu_hours`` on this day, from its runs at several
+    margins ``points`` (GPU-hours, attainment), interpolated; None outside their range (no claim)."""
+    pts = sorted(points)
+    for (g0, a0), (g1, a1) in itertools.pairwise(pts):
+        if g0 <= gpu_hours <= g1:
+            return a0 if g1 == g0 else a0 + (a1 - a0) * (gpu_hours - g0) / (g1 - g0)
+    return None
 
 
 def _pct(x: float) -> str:
@@ -90,32 +113,35 @@ def _pct(x: float) -> str:
 def main(argv: list[str]) -> int:
     out = Path(argv[0]) if argv else Path("docs/state")
     out.mkdir(parents=True, exist_ok=True)
-    jobs: list[tuple[str, float | None, bool]] = []
+    jobs: list[Job] = []
     for name in DAYS:
-        jobs.append((name, None, False))
+        jobs.append((name, None, False, None))
+        jobs += [(name, None, False, knob) for knob in MARGINS]
         for at in _day(name)[1]:
-            jobs += [(name, at, False), (name, at, True)]
+            jobs += [(name, at, False, None), (name, at, True, None)]
     started = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
     timelines: dict[tuple[str, float | None, bool], list[dict[str, Any]]] = {}
     with ProcessPoolExecutor(max_workers=2) as pool:
-        for i, (name, at, forget, summary, timeline) in enumerate(pool.map(_run, jobs), 1):
+        for i, ((name, at, forget, knob), summary, timeline) in enumerate(pool.map(_run, jobs), 1):
             day, times = _day(name)
             peak = round(max(day.rates), 2)
             r = results.setdefault(
                 name, {"peak_rps": peak, "profile": DAYS[name][3], "role": DAYS[name][4], "runs": []}
             )
-            r["runs"].append(
-                {
-                    "restart_at_s": at,
-                    "state": None if at is None else ("forgotten" if forget else "kept"),
-                    "before_steepest_rise": at == times[0],
-                    "after_warmup": summary["after_warmup"],
-                    "after_restart": summary.get("after_restart"),
-                    "gpu_hours": summary["gpu_hours"],
-                    "command": command(name, peak, at, forget),
-                }
-            )
+            run = {
+                "restart_at_s": at,
+                "state": None if at is None else ("forgotten" if forget else "kept"),
+                "before_steepest_rise": at == times[0],
+                "after_warmup": summary["after_warmup"],
+                "after_restart": summary.get("after_restart"),
+                "gpu_hours": summary["gpu_hours"],
+                "command": command(name, peak, at, forget, knob),
+            }
+            if knob is not None:
+                r.setdefault("margins", []).append({**run, "target_utilization": knob})
+                continue
+            r["runs"].append(run)
             if at is None or at == times[0]:
                 timelines[(name, at, forget)] = timeline
             took = time.perf_counter() - started
@@ -169,8 +195,26 @@ def main(argv: list[str]) -> int:
             f"{_pct(mean(forgot, 'after_restart', 'slo_attainment'))} | {wins} of {n} "
             f"| {mean(kept, 'gpu_hours'):.1f} / {mean(forgot, 'gpu_hours'):.1f} |"
         )
+    # what a cold restart's extra replicas are worth: each run against the uninterrupted scaler's margin
+    # frontier at the same GPU-hours (above it: the restart bought more than margin would; below: less)
+    print("\n| day | run | GPU-h | after warm-up | the uninterrupted scaler at those GPU-h | above it by |")
+    print("|---|---|---|---|---|---|")
     for name, r in results.items():
-        for x in r["runs"]:
+        none = next(x for x in r["runs"] if x["state"] is None)
+        points = [(x["gpu_hours"], x["after_warmup"]["slo_attainment"]) for x in [none, *r.get("margins", [])]]
+        for x in r.get("margins", []):
+            print(f"| {name} | no restart, targetUtilization {x['target_utilization']:g} | {x['gpu_hours']:.1f} "
+                  f"| {_pct(x['after_warmup']['slo_attainment'])} | | |")  # fmt: skip
+        for x in sorted((x for x in r["runs"] if x["state"]), key=lambda x: (x["state"], x["restart_at_s"])):
+            bound = margin_frontier(points, x["gpu_hours"])
+            att = x["after_warmup"]["slo_attainment"]
+            at_bound, above = ("—", "—") if bound is None else (_pct(bound), f"{100 * (att - bound):+.2f} pp")
+            print(
+                f"| {name} | {x['state']} at {x['restart_at_s']:g} s | {x['gpu_hours']:.1f} | {_pct(att)} "
+                f"| {at_bound} | {above} |"
+            )
+    for name, r in results.items():
+        for x in [*r["runs"], *r.get("margins", [])]:
             print(f"{name}: {x['command']}")
     return 0
 
