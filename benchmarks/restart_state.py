@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A scaler restart with and without its learned state (issue #33): ``replay --restart-at``.
 
-    python -m benchmarks.restart_state [OUT_DIR]      # ~25 min on 2 cores; default docs/state
+    python -m benchmarks.restart_state [OUT_DIR]      # ~36 min on 2 cores; default docs/state
+    python -m benchmarks.restart_state --windows DAY RESTART_AT   # one restart, per 10-minute window
 
 Each day: six hours of ServeGen's aggregate curve for one model, with the mix's tokens, scaled so its
 busiest 10-minute window needs PEAK_REPLICAS replicas at the profile's capacity at the 2 s TTFT SLO on
@@ -106,11 +107,55 @@ def margin_frontier(points: list[tuple[float, float]], gpu_hours: float) -> floa
     return None
 
 
+def windows(name: str, restart_at: float, window_s: float = 600.0) -> int:
+    """Where a day's misses lie: requests missed and sent per window of arrivals, with no restart and with a
+    restart at ``restart_at`` kept and forgotten, beside each run's learned capacity and replicas at the
+    window's start (why one run misses a burst another serves). Prints a markdown table."""
+    jobs = [(None, False), (restart_at, False), (restart_at, True)]
+    day, _ = _day(name)
+
+    def one(job: tuple[float | None, bool]) -> tuple[dict[int, list[int]], dict[int, dict[str, Any]]]:
+        at, forget = job
+        cfg = RunConfig(
+            profile=DAYS[name][3], hpa_behavior="llm", warmup_s=WARMUP_S, restart_at_s=at, forget_state=forget,
+            keep_requests=True,
+        )  # fmt: skip
+        result = simulate(day, cfg)
+        per: dict[int, list[int]] = {}
+        for r in result.requests:
+            counts = per.setdefault(int(r.arrival // window_s), [0, 0])
+            counts[1] += 1
+            counts[0] += r.ttft is None or r.ttft > cfg.slo_ttft_s
+        at_start = {}
+        for point in result.timeline:
+            at_start.setdefault(int(point["t"] // window_s), point)
+        return per, at_start
+
+    runs = [one(job) for job in jobs]
+    print(f"| {name}, window of arrivals (s) | no restart: missed / sent | kept at {restart_at:g} s | forgotten |")
+    print("|---|---|---|---|")
+    for w in sorted(set().union(*(per for per, _ in runs))):
+        cells = []
+        for per, at_start in runs:
+            missed, sent = per.get(w, [0, 0])
+            point = at_start.get(w, {})
+            cap = point.get("capacity_rps")
+            cells.append(
+                f"{missed} / {sent} ({point.get('desired', 0):.0f} replicas, "
+                f"{'—' if cap is None else f'{cap:.1f}'} req/s each)"
+            )
+        if any(per.get(w, [0, 0])[0] for per, _ in runs):
+            print(f"| {w * window_s:.0f}-{(w + 1) * window_s:.0f} | " + " | ".join(cells) + " |")
+    return 0
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.2f} %"
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--windows"]:
+        return windows(argv[1], float(argv[2]))
     out = Path(argv[0]) if argv else Path("docs/state")
     out.mkdir(parents=True, exist_ok=True)
     jobs: list[Job] = []
