@@ -82,18 +82,21 @@ def command(name: str, peak: float, restart_at: float | None, forget: bool, knob
 Job = tuple[str, float | None, bool, float | None]  # day, restart at, forget, targetUtilization (None: 0.9)
 
 
-def _run(job: Job) -> tuple[Job, dict[str, Any], list[dict[str, Any]]]:
+def _config(job: Job, keep_requests: bool = False) -> RunConfig:
     name, restart_at, forget, knob = job
-    day, _ = _day(name)
-    cfg = RunConfig(
+    return RunConfig(
         profile=DAYS[name][3],
         hpa_behavior="llm",
         warmup_s=WARMUP_S,
         restart_at_s=restart_at,
         forget_state=forget,
         knob=knob,
+        keep_requests=keep_requests,
     )
-    result = simulate(day, cfg)
+
+
+def _run(job: Job) -> tuple[Job, dict[str, Any], list[dict[str, Any]]]:
+    result = simulate(_day(job[0])[0], _config(job))
     return job, result.summary, result.timeline
 
 
@@ -111,15 +114,11 @@ def windows(name: str, restart_at: float, window_s: float = 600.0) -> int:
     """Where a day's misses lie: requests missed and sent per window of arrivals, with no restart and with a
     restart at ``restart_at`` kept and forgotten, beside each run's learned capacity and replicas at the
     window's start (why one run misses a burst another serves). Prints a markdown table."""
-    jobs = [(None, False), (restart_at, False), (restart_at, True)]
+    jobs: list[Job] = [(name, None, False, None), (name, restart_at, False, None), (name, restart_at, True, None)]
     day, _ = _day(name)
 
-    def one(job: tuple[float | None, bool]) -> tuple[dict[int, list[int]], dict[int, dict[str, Any]]]:
-        at, forget = job
-        cfg = RunConfig(
-            profile=DAYS[name][3], hpa_behavior="llm", warmup_s=WARMUP_S, restart_at_s=at, forget_state=forget,
-            keep_requests=True,
-        )  # fmt: skip
+    def one(job: Job) -> tuple[dict[int, list[int]], dict[int, dict[str, Any]]]:
+        cfg = _config(job, keep_requests=True)
         result = simulate(day, cfg)
         per: dict[int, list[int]] = {}
         for r in result.requests:
