@@ -52,7 +52,10 @@ A replica's capacity (requests/s it serves within the SLO), in order of preceden
   the served rate (a burst that tips the fleet reads as the burst's rate);
 * served, which lifts a learned reading and stands in for one before any: the highest rate one replica
   served healthily over 30 s, never above the tipped rate: a thrashing replica admits less than it
-  served before, and on long answers a replica takes in for 30 s a rate its growing KV will not keep;
+  served before, and on long answers a replica takes in for 30 s a rate its growing KV will not keep.
+  It lifts a learned reading only as far as its count shows beyond luck (``beyond_luck``: less
+  SERVED_LUCK_SIGMAS standard deviations of a Poisson count), since the highest of a day's windows is
+  its luckiest;
 * provisional, before any replica has been past its knee: the offered rate over the replicas' KV-read
   utilization (``kv_utilization``), on the calm window;
 * unknown (an idle fleet): no rate term, the pressure side alone.
@@ -176,7 +179,7 @@ class DemandEstimate:
     capacity_samples: int
     startup_s: float
     startup_source: str  # "configured" | "learned" | "default"
-    served_rps: float | None = None  # the highest rate one replica served healthily (a lower bound)
+    served_rps: float | None = None  # the highest rate one replica served healthily (a lower bound; its luckiest)
     # seconds since a scrape last counted an arrival anywhere in the fleet (None: none counted yet)
     since_arrival_s: float | None = None
     # tokens (prompt + generated) served per second over the calm window, at the replicas that count them
@@ -339,6 +342,19 @@ SERVED_SAMPLES: Final = 256
 LEARNED_SERVED_KEPT: Final = 64  # of the served readings, the highest kept across a restart (the bound is a max)
 RESTORED: Final = "(restored)"  # the replica a capacity reading kept across a restart is credited to
 SERVED_TRUST: Final = 1.2  # a capacity read from KV or from a tipping is believed up to 1.2x the rate replicas served
+# a served window's arrivals are a count, and the highest of a day's windows is partly luck: what it shows
+# beyond luck is its rate less this many standard deviations of a Poisson count (a one-sided 97.7 % bound)
+SERVED_LUCK_SIGMAS: Final = 2.0
+
+
+def beyond_luck(rate: float, window_s: float, sigmas: float = SERVED_LUCK_SIGMAS) -> float:
+    """The rate a window of ``window_s`` seconds that counted ``rate`` req/s shows beyond the luck of a
+    Poisson count: (n - sigmas * sqrt(n)) / window_s for its n = rate * window_s arrivals, never below 0."""
+    if not (math.isfinite(rate) and math.isfinite(window_s)) or rate <= 0 or window_s <= 0:
+        return 0.0
+    count = rate * window_s
+    return max(0.0, (count - sigmas * math.sqrt(count)) / window_s)
+
 
 
 @dataclass(frozen=True, slots=True, order=True)  # ordered: heap entries of equal rate and time compare it
@@ -623,16 +639,30 @@ class DemandTracker:
 
     def served(self, now: float | None) -> float | None:
         """The highest rate one replica served healthily over the served window, on this mix (a lower bound
-        of its capacity, however the knee is shaped), never above the rate replicas tipped over at
-        (``tipped``, from the first onset); None before any such reading."""
-        mix = self._judging_mix(now)
-        rates = [r for r, t, m in self._served if _describes(t, m, now, mix, self._restored_at)]
-        if not rates:
+        of its capacity, however the knee is shaped, but its luckiest window: ``beyond_luck``), never above
+        the rate replicas tipped over at (``tipped``, from the first onset); None before any such reading."""
+        highest = self._highest_served(now)
+        if highest is None:
             return None
         tipped = self.tipped(now, 1)  # lowering a capacity errs on the safe side: one onset is enough
         # the highest of hundreds of half-minute windows is partly luck: on long answers a replica takes
         # in for 30 s a rate its growing KV will not let it keep, and one such window sized a day's fleet
-        return max(rates) if tipped is None else min(max(rates), tipped)
+        return highest if tipped is None else min(highest, tipped)
+
+    def _highest_served(self, now: float | None) -> float | None:
+        mix = self._judging_mix(now)
+        return max((r for r, t, m in self._served if _describes(t, m, now, mix, self._restored_at)), default=None)
+
+    def _served_beyond_luck(self, now: float | None) -> float:
+        """What lifts readings past the knee: the highest served window as far as its count shows beyond
+        luck (its span is the served window or up to a scrape more: counted as the window, which errs low),
+        never above the rate replicas tipped over at; 0 before any served reading."""
+        highest = self._highest_served(now)
+        if highest is None:
+            return 0.0
+        floor = beyond_luck(highest, self.config.served_window_s)
+        tipped = self.tipped(now, 1)
+        return floor if tipped is None else min(floor, tipped)
 
     def tipped(self, now: float | None, enough: int = MIN_CAPACITY_SAMPLES) -> float | None:
         """The median load per replica at the onset of an episode past the knee (``_note_tipped``), on this
@@ -827,8 +857,11 @@ class DemandTracker:
             # burst that tips the fleet reads as the burst's rate (21 req/s on a 14 req/s replica)
             return max(learned, min(tipped, SERVED_TRUST * served)), "learned"
         if learned > 0:
-            # a replica thrashing past a KV cliff takes in less than it served before it got there
-            return max(learned, served or 0.0), "learned"
+            # a replica thrashing past a KV cliff takes in less than it served before it got there; but the
+            # highest served window is the luckiest of hundreds, and where the readings past the knee say less
+            # it lifts them only as far as its count shows beyond luck (15.8 req/s served for 30 s on a replica
+            # of 14.2 at the SLO, whose readings past the knee said 14.1)
+            return max(learned, self._served_beyond_luck(now)), "learned"
         prior = self.provisional_capacity(now, config) if now is not None else None
         if served is not None and (prior is None or served >= prior):
             return served, "served"

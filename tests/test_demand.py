@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from keda_llm_scaler.demand import DEFAULT_STARTUP_S, DemandConfig, DemandTracker, ReplicaCounters, is_saturated
+from keda_llm_scaler.demand import (
+    DEFAULT_STARTUP_S,
+    DemandConfig,
+    DemandTracker,
+    ReplicaCounters,
+    beyond_luck,
+    is_saturated,
+)
 from keda_llm_scaler.policy import ReplicaInput, ScoringParams, composite, slo_floor
 from keda_llm_scaler.queueing import rate_within_wait
 
@@ -528,6 +537,59 @@ def test_a_served_rate_is_believed_only_up_to_the_rate_replicas_tipped_over_at()
     assert tr.tipped(fleet.t) == pytest.approx(12.0)
     assert tr.served(fleet.t) == pytest.approx(12.0)
     assert tr.capacity(None, fleet.t) == (pytest.approx(12.0), "learned")
+
+
+def test_a_lucky_served_window_lifts_readings_past_the_knee_only_as_far_as_its_count_beyond_luck() -> None:
+    """Two replicas serve 10 req/s each healthily, then one lucky half-minute of 15 each: served reads 15.
+    Then the fleet takes 16 a replica and goes past its knee once (one onset: no tipped reading to judge the
+    window by), finishing 9/s: learned reads 9. The capacity is what the 15 shows beyond the luck of a
+    30 s count (450 arrivals less two standard deviations, 13.59 req/s), not the lucky 15 (a day's peak
+    was sized on a 15.8 window where replicas serve 14.2); and the thrashing 9 is still lifted to it."""
+    tr = DemandTracker(5.0)
+    fleet = _Fleet(tr)
+    for _ in range(30):
+        fleet.scrape(10.0, 0.3)
+    for _ in range(6):
+        fleet.scrape(15.0, 0.3)
+    assert tr.served(fleet.t) == pytest.approx(15.0)
+    fleet.tip(16.0, 9.0)
+    assert tr.tipped(fleet.t) is None and tr.served(fleet.t) == pytest.approx(15.0)
+    lucky = (450.0 - 2.0 * math.sqrt(450.0)) / 30.0
+    assert beyond_luck(15.0, 30.0) == pytest.approx(lucky) == pytest.approx(13.586, abs=1e-3)
+    assert tr.capacity(None, fleet.t) == (pytest.approx(lucky), "learned")
+    est = tr.estimate(fleet.t)
+    assert est is not None and est.capacity_rps == pytest.approx(lucky) and est.capacity_source == "learned"
+    # a second onset at 11: the median tipping load (13.5) is below what the window shows beyond luck, and
+    # a load the fleet tipped over at is never exceeded (lowering a capacity errs on the safe side)
+    fleet.tip(11.0, 9.0)
+    assert tr.tipped(fleet.t) is None and tr.tipped(fleet.t, 1) == pytest.approx(13.5)
+    assert tr.capacity(None, fleet.t) == (pytest.approx(13.5), "learned")
+
+
+def test_luck_is_judged_on_the_window_the_served_rate_was_counted_over() -> None:
+    """A 1,200 s demand window counts a served rate over 120 s (a tenth): the same lucky 15 req/s is
+    1,800 arrivals, of which less is luck: 15 - 2 x sqrt(1800) / 120 = 14.29 req/s."""
+    config = DemandConfig(calm_window_s=1200.0)
+    assert config.served_window_s == 120.0
+    tr = DemandTracker(5.0, config=config)
+    fleet = _Fleet(tr)
+    for _ in range(120):
+        fleet.scrape(10.0, 0.3)
+    for _ in range(24):
+        fleet.scrape(15.0, 0.3)
+    assert tr.served(fleet.t) == pytest.approx(15.0)
+    fleet.tip(16.0, 9.0)
+    assert tr.capacity(None, fleet.t) == (pytest.approx(15.0 - 2.0 * math.sqrt(1800.0) / 120.0), "learned")
+
+
+def test_what_a_count_shows_beyond_luck() -> None:
+    """100 arrivals in 10 s: 10 req/s, of which 2 x sqrt(100) = 20 arrivals could be luck: 8 req/s. A count
+    too small to tell anything from luck shows nothing, never a negative rate."""
+    assert beyond_luck(10.0, 10.0) == pytest.approx(8.0)
+    assert beyond_luck(10.0, 10.0, sigmas=3.0) == pytest.approx(7.0)
+    assert beyond_luck(0.1, 10.0) == 0.0  # one arrival
+    assert beyond_luck(0.0, 30.0) == 0.0 and beyond_luck(5.0, 0.0) == 0.0
+    assert beyond_luck(math.nan, 30.0) == 0.0 and beyond_luck(math.inf, 30.0) == 0.0
 
 
 def test_the_rate_the_fleet_tipped_at_lifts_the_capacity_a_step_beyond_what_it_served() -> None:
