@@ -356,7 +356,6 @@ def beyond_luck(rate: float, window_s: float, sigmas: float = SERVED_LUCK_SIGMAS
     return max(0.0, (count - sigmas * math.sqrt(count)) / window_s)
 
 
-
 @dataclass(frozen=True, slots=True, order=True)  # ordered: heap entries of equal rate and time compare it
 class Mix:
     """Tokens per request the fleet served: what a capacity in requests/s is a capacity of."""
