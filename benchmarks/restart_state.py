@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A scaler restart with and without its learned state (issue #33): ``replay --restart-at``.
 
-    python -m benchmarks.restart_state [OUT_DIR]      # ~36 min on 2 cores; default docs/state
+    python -m benchmarks.restart_state [OUT_DIR]      # ~20 min on 2 cores; default docs/state
     python -m benchmarks.restart_state --windows DAY RESTART_AT   # one restart, per 10-minute window
+    python -m benchmarks.restart_state --paired 1,2 [OUT_DIR]     # other draws of every day, ~40 min
 
 Each day: six hours of ServeGen's aggregate curve for one model, with the mix's tokens, scaled so its
 busiest 10-minute window needs PEAK_REPLICAS replicas at the profile's capacity at the 2 s TTFT SLO on
@@ -52,14 +53,17 @@ DAYS: Final[dict[str, tuple[str, tuple[float, float], str, str, str]]] = {
 }
 
 
-def _day(name: str) -> tuple[CurveWorkload, list[float]]:
+def _day(name: str, seed: int = 0) -> tuple[CurveWorkload, list[float]]:
     """The day's workload (peak at PEAK_REPLICAS replicas' worth) and its restart times: RESTART_BEFORE_RISE_S
-    before the steepest rise between two 10-minute windows, then RESTARTS_PER_DAY evenly spaced."""
+    before the steepest rise between two 10-minute windows, then RESTARTS_PER_DAY evenly spaced. ``seed``
+    draws other arrivals and tokens on the same curve, peak and restart times (``replay --seed``)."""
     model, hours, mix, profile, _ = DAYS[name]
     base = CurveWorkload.build(BUNDLED_CURVE, BUNDLED_TRACE, model=model, hours=hours, peak_rate=1.0, mix=mix)
     cap = capacity_at_slo(get_profile(profile), base.token_mix(4000, 0), 2.0)
     peak = round(PEAK_REPLICAS * cap, 2)
-    day = CurveWorkload.build(BUNDLED_CURVE, BUNDLED_TRACE, model=model, hours=hours, peak_rate=peak, mix=mix)
+    day = CurveWorkload.build(
+        BUNDLED_CURVE, BUNDLED_TRACE, model=model, hours=hours, peak_rate=peak, mix=mix, seed=seed
+    )
     rates, window = day.rates, day.window_s
     first = int(WARMUP_S // window) + 1
     rise = max(range(max(first, 1), len(rates)), key=lambda i: rates[i] - rates[i - 1])
@@ -68,10 +72,13 @@ def _day(name: str) -> tuple[CurveWorkload, list[float]]:
     return day, [max(WARMUP_S, rise * window - RESTART_BEFORE_RISE_S), *spaced]
 
 
-def command(name: str, peak: float, restart_at: float | None, forget: bool, knob: float | None = None) -> str:
+def command(
+    name: str, peak: float, restart_at: float | None, forget: bool, knob: float | None = None, seed: int = 0
+) -> str:
     model, hours, mix, profile, _ = DAYS[name]
     extra = "" if restart_at is None else f" --restart-at {restart_at:g}" + (" --forget-state" if forget else "")
     extra += "" if knob is None else f" --knob {knob:g}"
+    extra += "" if seed == 0 else f" --seed {seed}"
     return (
         f"keda-llm-scaler replay --trace conv --rate-curve servegen --curve-model {model} "
         f"--hours {hours[0]:g}:{hours[1]:g} --mix {mix} --peak-rate {peak:g} --profile {profile} "
@@ -82,9 +89,10 @@ def command(name: str, peak: float, restart_at: float | None, forget: bool, knob
 Job = tuple[str, float | None, bool, float | None]  # day, restart at, forget, targetUtilization (None: 0.9)
 
 
-def _config(job: Job, keep_requests: bool = False) -> RunConfig:
+def _config(job: Job, keep_requests: bool = False, seed: int = 0) -> RunConfig:
     name, restart_at, forget, knob = job
     return RunConfig(
+        seed=seed,
         profile=DAYS[name][3],
         hpa_behavior="llm",
         warmup_s=WARMUP_S,
@@ -148,6 +156,86 @@ def windows(name: str, restart_at: float, window_s: float = 600.0) -> int:
     return 0
 
 
+# the uninterrupted scaler's line on each draw, down to a thinner margin than the default 0.9 as well, since
+# restart runs often spend less than the uninterrupted one
+PAIRED_MARGINS: Final = (0.95, None, 0.85, 0.8)  # None: the default, 0.9
+# day, restart at (None: none), forget, seed, targetUtilization (None: the default)
+PairedJob = tuple[str, float | None, bool, int, float | None]
+
+
+def _run_paired(job: PairedJob) -> tuple[PairedJob, float, float]:
+    name, at, forget, seed, knob = job
+    summary = simulate(_day(name, seed)[0], _config((name, at, forget, knob), seed=seed)).summary
+    return job, summary["after_warmup"]["slo_attainment"], summary["gpu_hours"]
+
+
+def paired(seeds: list[int], out: Path) -> int:
+    """Every restart of every day kept and forgotten again on other draws of the day (``seeds``), beside the
+    uninterrupted scaler at PAIRED_MARGINS on the same draw: whether keeping the state loses attainment
+    against forgetting it beyond what the draw moves, and whether forgetting buys more than the same
+    GPU-hours as margin would. Resumable: runs already in OUT/paired.json are not run again. Writes
+    OUT/paired.json and prints a table."""
+    path = out / "paired.json"
+    runs: dict[PairedJob, dict[str, Any]] = {}
+    if path.exists():
+        for r in json.loads(path.read_text()).get("runs", []):
+            runs[(r["day"], r["restart_at_s"], r["forgotten"], r["seed"], r["target_utilization"])] = r
+    jobs: list[PairedJob] = []
+    for seed in seeds:
+        for name in DAYS:
+            jobs += [(name, at, forget, seed, None) for at in _day(name)[1] for forget in (False, True)]
+            jobs += [(name, None, False, seed, knob) for knob in PAIRED_MARGINS]
+    todo = [j for j in jobs if j not in runs]
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        for i, (job, att, gpu_h) in enumerate(pool.map(_run_paired, todo), 1):
+            name, at, forget, seed, knob = job
+            peak = round(max(_day(name)[0].rates), 2)
+            runs[job] = {
+                "day": name,
+                "restart_at_s": at,
+                "forgotten": forget,
+                "seed": seed,
+                "target_utilization": knob,
+                "after_warmup": att,
+                "gpu_hours": gpu_h,
+                "command": command(name, peak, at, forget, knob, seed),
+            }
+            path.write_text(json.dumps({"runs": list(runs.values())}, indent=1) + "\n")
+            took = time.perf_counter() - started
+            print(f"[{i}/{len(todo)}] {job}: {100 * att:.3f} % {took:.0f}s", file=sys.stderr, flush=True)
+    print(
+        "| day | pairs | kept >= forgotten | kept - forgotten: mean (lowest, highest) | GPU-h kept / forgotten, mean "
+        "| against the uninterrupted line: kept / forgotten, mean (runs inside it) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name in DAYS:
+        diffs: list[float] = []
+        hours: list[tuple[float, float]] = []
+        against: dict[bool, list[float]] = {False: [], True: []}
+        for seed in seeds:
+            uninterrupted = [runs[(name, None, False, seed, k)] for k in PAIRED_MARGINS]
+            line = [(r["gpu_hours"], r["after_warmup"]) for r in uninterrupted]
+            for at in _day(name)[1]:
+                kept, forgot = runs[(name, at, False, seed, None)], runs[(name, at, True, seed, None)]
+                diffs.append(100 * (kept["after_warmup"] - forgot["after_warmup"]))
+                hours.append((kept["gpu_hours"], forgot["gpu_hours"]))
+                for r in (kept, forgot):
+                    bound = margin_frontier(line, r["gpu_hours"])
+                    if bound is not None:
+                        against[r["forgotten"]].append(100 * (r["after_warmup"] - bound))
+
+        def mean_of(xs: list[float]) -> str:
+            return "—" if not xs else f"{sum(xs) / len(xs):+.3f} pp ({len(xs)})"
+
+        print(
+            f"| {name} | {len(diffs)} | {sum(d >= 0 for d in diffs)} | {sum(diffs) / len(diffs):+.3f} pp "
+            f"({min(diffs):+.3f}, {max(diffs):+.3f}) | {sum(h[0] for h in hours) / len(hours):.1f} / "
+            f"{sum(h[1] for h in hours) / len(hours):.1f} | {mean_of(against[False])} / {mean_of(against[True])} |"
+        )
+    return 0
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.2f} %"
 
@@ -155,6 +243,8 @@ def _pct(x: float) -> str:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--windows"]:
         return windows(argv[1], float(argv[2]))
+    if argv[:1] == ["--paired"]:
+        return paired([int(s) for s in argv[1].split(",")], Path(argv[2]) if len(argv) > 2 else Path("docs/state"))
     out = Path(argv[0]) if argv else Path("docs/state")
     out.mkdir(parents=True, exist_ok=True)
     jobs: list[Job] = []
