@@ -2,17 +2,18 @@
 """A scaler restart with and without its learned state (issue #33): ``replay --restart-at``.
 
     python -m benchmarks.restart_state [OUT_DIR]      # ~20 min on 2 cores; default docs/state
-    python -m benchmarks.restart_state --windows DAY RESTART_AT   # one restart, per 10-minute window
+    python -m benchmarks.restart_state --windows DAY RESTART_AT [SEED]   # one restart, per 10-minute window
     python -m benchmarks.restart_state --paired 1,2 [OUT_DIR]     # other draws of every day, ~40 min
 
 Each day: six hours of ServeGen's aggregate curve for one model, with the mix's tokens, scaled so its
 busiest 10-minute window needs PEAK_REPLICAS replicas at the profile's capacity at the 2 s TTFT SLO on
 that mix. The scaler restarts RESTART_BEFORE_RISE_S before the curve's steepest rise (the worst moment to
 start cold: the load grows while nothing is known), and is out for 10 s (``sim/run.py``,
-RESTART_OUTAGE_S). Three runs per day: no restart, a restart that reads the persisted state (what
-``serve --state-dir`` and the chart's ConfigMap do), and one that forgets it (``--forget-state``: every
-release before 0.3.0). 2 s TTFT SLO given to the composite, the README's ``llm`` HPA behavior, seed 0, a
-900 s warm-up.
+RESTART_OUTAGE_S), then RESTARTS_PER_DAY more times evenly spaced, each its own run. Per day: no restart,
+each restart reading the persisted state (what ``serve --state-dir`` and the chart's ConfigMap do) and
+forgetting it (``--forget-state``: every release before 0.3.0), and no restart at more margin (MARGINS).
+2 s TTFT SLO given to the composite, the README's ``llm`` HPA behavior, seed 0 (``--paired``: other
+seeds), a 900 s warm-up.
 
 Nothing here was tuned: the restart keeps what the tracker learned and the rules that read it are
 unchanged. ``8b-h200`` is the capacity matrix's held-out validation profile (docs/replay.md) and
@@ -24,6 +25,7 @@ kept against forgotten), and prints the table with the command line that reprodu
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import sys
@@ -32,6 +34,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
+import keda_llm_scaler
 from keda_llm_scaler.sim.profiles import get_profile
 from keda_llm_scaler.sim.run import RunConfig, capacity_at_slo, simulate
 from keda_llm_scaler.sim.trace import BUNDLED_TRACE
@@ -118,15 +121,16 @@ def margin_frontier(points: list[tuple[float, float]], gpu_hours: float) -> floa
     return None
 
 
-def windows(name: str, restart_at: float, window_s: float = 600.0) -> int:
+def windows(name: str, restart_at: float, seed: int = 0, window_s: float = 600.0) -> int:
     """Where a day's misses lie: requests missed and sent per window of arrivals, with no restart and with a
     restart at ``restart_at`` kept and forgotten, beside each run's learned capacity and replicas at the
-    window's start (why one run misses a burst another serves). Prints a markdown table."""
+    window's start (why one run misses a burst another serves), on the draw ``seed``. Prints a markdown
+    table of the windows where some run missed a request."""
     jobs: list[Job] = [(name, None, False, None), (name, restart_at, False, None), (name, restart_at, True, None)]
-    day, _ = _day(name)
+    day, _ = _day(name, seed)
 
     def one(job: Job) -> tuple[dict[int, list[int]], dict[int, dict[str, Any]]]:
-        cfg = _config(job, keep_requests=True)
+        cfg = _config(job, keep_requests=True, seed=seed)
         result = simulate(day, cfg)
         per: dict[int, list[int]] = {}
         for r in result.requests:
@@ -169,69 +173,95 @@ def _run_paired(job: PairedJob) -> tuple[PairedJob, float, float]:
     return job, summary["after_warmup"]["slo_attainment"], summary["gpu_hours"]
 
 
+def code_fingerprint() -> str:
+    """What a cached run depends on: the scaler's and the simulator's source (keda_llm_scaler/**/*.py)."""
+    root = Path(keda_llm_scaler.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def best_at_or_below(line: list[tuple[float, float]], gpu_hours: float) -> float | None:
+    """The best attainment the uninterrupted scaler reached at no more than ``gpu_hours`` (GPU-hours,
+    attainment points): what margin bought at that cost, never falling as GPU-hours rise (a noisy line
+    interpolated can reward noise); None where every point costs more."""
+    within = [att for gpu, att in line if gpu <= gpu_hours]
+    return max(within) if within else None
+
+
 def paired(seeds: list[int], out: Path) -> int:
     """Every restart of every day kept and forgotten again on other draws of the day (``seeds``), beside the
     uninterrupted scaler at PAIRED_MARGINS on the same draw: whether keeping the state loses attainment
     against forgetting it beyond what the draw moves, and whether forgetting buys more than the same
-    GPU-hours as margin would. Resumable: runs already in OUT/paired.json are not run again. Writes
-    OUT/paired.json and prints a table."""
+    GPU-hours as margin would. Resumable: runs already in OUT/paired.json made by the same code
+    (``code_fingerprint``) are not run again. Writes OUT/paired.json and prints a table."""
     path = out / "paired.json"
+    code = code_fingerprint()
     runs: dict[PairedJob, dict[str, Any]] = {}
     if path.exists():
         for r in json.loads(path.read_text()).get("runs", []):
-            runs[(r["day"], r["restart_at_s"], r["forgotten"], r["seed"], r["target_utilization"])] = r
+            if r.get("code") == code:
+                runs[(r["day"], r["restart_at_s"], r["forgotten"], r["seed"], r["target_utilization"])] = r
+    days = {name: _day(name) for name in DAYS}
     jobs: list[PairedJob] = []
     for seed in seeds:
         for name in DAYS:
-            jobs += [(name, at, forget, seed, None) for at in _day(name)[1] for forget in (False, True)]
+            jobs += [(name, at, forget, seed, None) for at in days[name][1] for forget in (False, True)]
             jobs += [(name, None, False, seed, knob) for knob in PAIRED_MARGINS]
     todo = [j for j in jobs if j not in runs]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=2) as pool:
         for i, (job, att, gpu_h) in enumerate(pool.map(_run_paired, todo), 1):
             name, at, forget, seed, knob = job
-            peak = round(max(_day(name)[0].rates), 2)
             runs[job] = {
                 "day": name,
                 "restart_at_s": at,
                 "forgotten": forget,
                 "seed": seed,
                 "target_utilization": knob,
-                "after_warmup": att,
+                "attainment_after_warmup": att,
                 "gpu_hours": gpu_h,
-                "command": command(name, peak, at, forget, knob, seed),
+                "code": code,
+                "command": command(name, round(max(days[name][0].rates), 2), at, forget, knob, seed),
             }
             path.write_text(json.dumps({"runs": list(runs.values())}, indent=1) + "\n")
             took = time.perf_counter() - started
             print(f"[{i}/{len(todo)}] {job}: {100 * att:.3f} % {took:.0f}s", file=sys.stderr, flush=True)
     print(
         "| day | pairs | kept >= forgotten | kept - forgotten: mean (lowest, highest) | GPU-h kept / forgotten, mean "
-        "| against the uninterrupted line: kept / forgotten, mean (runs inside it) |"
+        "| above the uninterrupted scaler's best at no more GPU-h: kept / forgotten, mean (pairs with both) |"
     )
     print("|---|---|---|---|---|---|")
     for name in DAYS:
         diffs: list[float] = []
         hours: list[tuple[float, float]] = []
-        against: dict[bool, list[float]] = {False: [], True: []}
+        above: list[tuple[float, float]] = []
         for seed in seeds:
             uninterrupted = [runs[(name, None, False, seed, k)] for k in PAIRED_MARGINS]
-            line = [(r["gpu_hours"], r["after_warmup"]) for r in uninterrupted]
-            for at in _day(name)[1]:
+            line = [(r["gpu_hours"], r["attainment_after_warmup"]) for r in uninterrupted]
+            for at in days[name][1]:
                 kept, forgot = runs[(name, at, False, seed, None)], runs[(name, at, True, seed, None)]
-                diffs.append(100 * (kept["after_warmup"] - forgot["after_warmup"]))
+                diffs.append(100 * (kept["attainment_after_warmup"] - forgot["attainment_after_warmup"]))
                 hours.append((kept["gpu_hours"], forgot["gpu_hours"]))
-                for r in (kept, forgot):
-                    bound = margin_frontier(line, r["gpu_hours"])
-                    if bound is not None:
-                        against[r["forgotten"]].append(100 * (r["after_warmup"] - bound))
-
-        def mean_of(xs: list[float]) -> str:
-            return "—" if not xs else f"{sum(xs) / len(xs):+.3f} pp ({len(xs)})"
-
+                bounds = [best_at_or_below(line, r["gpu_hours"]) for r in (kept, forgot)]
+                if bounds[0] is not None and bounds[1] is not None:
+                    above.append(
+                        (
+                            100 * (kept["attainment_after_warmup"] - bounds[0]),
+                            100 * (forgot["attainment_after_warmup"] - bounds[1]),
+                        )
+                    )
+        judged = (
+            "—"
+            if not above
+            else f"{sum(a[0] for a in above) / len(above):+.3f} / {sum(a[1] for a in above) / len(above):+.3f} pp "
+            f"({len(above)})"
+        )
         print(
             f"| {name} | {len(diffs)} | {sum(d >= 0 for d in diffs)} | {sum(diffs) / len(diffs):+.3f} pp "
             f"({min(diffs):+.3f}, {max(diffs):+.3f}) | {sum(h[0] for h in hours) / len(hours):.1f} / "
-            f"{sum(h[1] for h in hours) / len(hours):.1f} | {mean_of(against[False])} / {mean_of(against[True])} |"
+            f"{sum(h[1] for h in hours) / len(hours):.1f} | {judged} |"
         )
     return 0
 
@@ -242,7 +272,7 @@ def _pct(x: float) -> str:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--windows"]:
-        return windows(argv[1], float(argv[2]))
+        return windows(argv[1], float(argv[2]), int(argv[3]) if len(argv) > 3 else 0)
     if argv[:1] == ["--paired"]:
         return paired([int(s) for s in argv[1].split(",")], Path(argv[2]) if len(argv) > 2 else Path("docs/state"))
     out = Path(argv[0]) if argv else Path("docs/state")
