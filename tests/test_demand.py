@@ -566,6 +566,56 @@ def test_a_lucky_served_window_lifts_readings_past_the_knee_only_as_far_as_its_c
     assert tr.capacity(None, fleet.t) == (pytest.approx(13.5), "learned")
 
 
+@pytest.mark.parametrize(
+    ("kv", "source"),
+    [
+        (0.3, "served"),  # KV reads 12.5 req/s, below what the window shows beyond luck: lifted to 13.59
+        (0.15, "served"),  # KV reads 14.9, within the window's luck: the KV reading stands
+        (0.1, "provisional"),  # KV reads 17.2, above the window: believed up to 1.2 x 15, as before
+    ],
+)
+def test_a_lucky_served_window_lifts_a_kv_reading_only_as_far_as_its_count_beyond_luck(kv: float, source: str) -> None:
+    """Two replicas serve 10 req/s each, then one lucky half-minute of 15 each, nothing past a knee: served
+    reads 15. Where KV reads a capacity below it (``provisional_capacity``, the calm window's arrivals over
+    its KV-read utilization), the 15 lifts that reading only as far as the count of a 30 s window shows beyond
+    luck (13.59 req/s): a fleet sized on its luckiest window ratchets that bound up hour after hour (15.2
+    req/s on the reference day's replica of 14.2, whose KV read 14.1-14.5)."""
+    tr = DemandTracker(5.0)
+    fleet = _Fleet(tr)
+    for _ in range(30):
+        fleet.scrape(10.0, kv)
+    for _ in range(6):
+        fleet.scrape(15.0, kv)
+    assert tr.served(fleet.t) == pytest.approx(15.0) and tr.tipped(fleet.t, 1) is None
+    prior = tr.provisional_capacity(fleet.t)
+    assert prior is not None
+    lucky = beyond_luck(15.0, 30.0)
+    expected = {"served": max(prior, lucky), "provisional": min(prior, 1.2 * 15.0)}[source]
+    assert tr.capacity(None, fleet.t) == (pytest.approx(expected), source)
+    if kv == 0.3:
+        assert prior < lucky and tr.capacity(None, fleet.t)[0] == pytest.approx(13.586, abs=1e-3)
+    if kv == 0.15:
+        assert lucky < prior < 15.0
+    est = tr.estimate(fleet.t)
+    assert est is not None and est.capacity_rps == pytest.approx(expected) and est.served_rps == pytest.approx(15.0)
+
+
+def test_a_fleet_gone_quiet_keeps_the_rate_it_served() -> None:
+    """Served 15 req/s a replica healthily, then the fleet idles (KV 0.01, a trickle) for longer than the calm
+    window: KV says nothing any more, and the capacity is the rate served, never unknown. Its luck is judged
+    only against a reading that says less (past the knee, or from KV); with none, the served rate stands
+    (judging it alone moved 26 of 56 matrix runs, most to more GPU-hours: docs/replay.md)."""
+    tr = DemandTracker(5.0)
+    fleet = _Fleet(tr)
+    for _ in range(30):
+        fleet.scrape(15.0, 0.3)
+    assert tr.served(fleet.t) == pytest.approx(15.0)
+    for _ in range(70):
+        fleet.scrape(0.2, 0.01)
+    assert tr.provisional_capacity(fleet.t) is None
+    assert tr.capacity(None, fleet.t) == (pytest.approx(15.0), "served")
+
+
 def test_luck_is_judged_on_the_window_the_served_rate_was_counted_over() -> None:
     """A 1,200 s demand window counts a served rate over 120 s (a tenth): the same lucky 15 req/s is
     1,800 arrivals, of which less is luck: 15 - 2 x sqrt(1800) / 120 = 14.29 req/s."""
@@ -669,6 +719,26 @@ def test_without_a_known_knee_a_fleet_is_held_not_grown() -> None:
     assert 1.5 < steady.value <= 4.0
     configured = composite(fine, p, demand=est(40.0, 9.0, "configured"))
     assert configured.value == pytest.approx(40.0 / (9.0 * 0.9), abs=0.001)
+
+
+def test_a_capacity_below_the_served_rate_holds_a_fleet_and_grows_it_as_the_served_rate_did() -> None:
+    """Before any knee, a KV reading lifted only as far as a lucky 15 req/s window shows beyond luck (13.59)
+    is the capacity a fleet shrinks to: 40 req/s on four replicas reads 3.27, not the 2.96 the lucky rate
+    allowed. Growing is still bounded by what replicas were seen to serve (the change holds, it does not
+    grow): 80 req/s reads 80 / (15 x 0.9) = 5.93, as before, not the 6.54 the lower capacity alone asks."""
+    from keda_llm_scaler.demand import DemandEstimate
+
+    p = ScoringParams(target_kv_usage=0.8)
+    fine = [ReplicaInput(waiting=0, running=200, kv_usage=0.3) for _ in range(4)]
+    lifted = beyond_luck(15.0, 30.0)
+
+    def est(need: float) -> DemandEstimate:
+        return DemandEstimate(need, 0.0, 0.0, need, lifted, "served", 0, 180.0, "default", 15.0)
+
+    assert composite(fine, p, demand=est(40.0)).value == pytest.approx(40.0 / (lifted * 0.9), abs=0.001)
+    assert composite(fine, p, demand=est(40.0)).value == pytest.approx(3.271, abs=0.001)
+    assert composite(fine, p, demand=est(50.0)).value == 4.0  # holds the four (the lucky rate read 3.70)
+    assert composite(fine, p, demand=est(80.0)).value == pytest.approx(80.0 / (15.0 * 0.9), abs=0.001)
 
 
 def test_spread_of_a_falling_load_is_its_bin_to_bin_noise() -> None:
