@@ -4,6 +4,7 @@
     python -m benchmarks.restart_state [OUT_DIR]      # ~20 min on 2 cores; default docs/state
     python -m benchmarks.restart_state --windows DAY RESTART_AT [SEED]   # one restart, per 10-minute window
     python -m benchmarks.restart_state --paired 1,2 [OUT_DIR]     # other draws of every day, ~40 min
+    python -m benchmarks.restart_state --matched [OUT_DIR]   # the kept runs that read less, with more margin
 
 Each day: six hours of ServeGen's aggregate curve for one model, with the mix's tokens, scaled so its
 busiest 10-minute window needs PEAK_REPLICAS replicas at the profile's capacity at the 2 s TTFT SLO on
@@ -190,26 +191,21 @@ def best_at_or_below(line: list[tuple[float, float]], gpu_hours: float) -> float
     return max(within) if within else None
 
 
-def paired(seeds: list[int], out: Path) -> int:
-    """Every restart of every day kept and forgotten again on other draws of the day (``seeds``), beside the
-    uninterrupted scaler at PAIRED_MARGINS on the same draw: whether keeping the state loses attainment
-    against forgetting it beyond what the draw moves, and whether forgetting buys more than the same
-    GPU-hours as margin would. Resumable: runs already in OUT/paired.json made by the same code
-    (``code_fingerprint``) are not run again. Writes OUT/paired.json and prints a table."""
-    path = out / "paired.json"
-    code = code_fingerprint()
+def _load_runs(path: Path, code: str) -> dict[PairedJob, dict[str, Any]]:
+    """The runs already in ``path`` made by the code ``code`` (``code_fingerprint``): what a resumed
+    benchmark does not run again."""
     runs: dict[PairedJob, dict[str, Any]] = {}
     if path.exists():
         for r in json.loads(path.read_text()).get("runs", []):
             if r.get("code") == code:
                 runs[(r["day"], r["restart_at_s"], r["forgotten"], r["seed"], r["target_utilization"])] = r
-    days = {name: _day(name) for name in DAYS}
-    jobs: list[PairedJob] = []
-    for seed in seeds:
-        for name in DAYS:
-            jobs += [(name, at, forget, seed, None) for at in days[name][1] for forget in (False, True)]
-            jobs += [(name, None, False, seed, knob) for knob in PAIRED_MARGINS]
-    todo = [j for j in jobs if j not in runs]
+    return runs
+
+
+def _run_resumable(path: Path, runs: dict[PairedJob, dict[str, Any]], todo: list[PairedJob], code: str) -> None:
+    """Runs ``todo`` two at a time, adding each to ``runs`` and rewriting ``path`` as it finishes (a run
+    stopped midway resumes where it was), with its command line and the code that made it."""
+    peaks = {(name, seed): round(max(_day(name, seed)[0].rates), 2) for name, _, _, seed, _ in todo}
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=2) as pool:
         for i, (job, att, gpu_h) in enumerate(pool.map(_run_paired, todo), 1):
@@ -223,11 +219,29 @@ def paired(seeds: list[int], out: Path) -> int:
                 "attainment_after_warmup": att,
                 "gpu_hours": gpu_h,
                 "code": code,
-                "command": command(name, round(max(days[name][0].rates), 2), at, forget, knob, seed),
+                "command": command(name, peaks[(name, seed)], at, forget, knob, seed),
             }
             path.write_text(json.dumps({"runs": list(runs.values())}, indent=1) + "\n")
             took = time.perf_counter() - started
             print(f"[{i}/{len(todo)}] {job}: {100 * att:.3f} % {took:.0f}s", file=sys.stderr, flush=True)
+
+
+def paired(seeds: list[int], out: Path) -> int:
+    """Every restart of every day kept and forgotten again on other draws of the day (``seeds``), beside the
+    uninterrupted scaler at PAIRED_MARGINS on the same draw: whether keeping the state loses attainment
+    against forgetting it beyond what the draw moves, and whether forgetting buys more than the same
+    GPU-hours as margin would. Resumable: runs already in OUT/paired.json made by the same code
+    (``code_fingerprint``) are not run again. Writes OUT/paired.json and prints a table."""
+    path = out / "paired.json"
+    code = code_fingerprint()
+    runs = _load_runs(path, code)
+    days = {name: _day(name) for name in DAYS}
+    jobs: list[PairedJob] = []
+    for seed in seeds:
+        for name in DAYS:
+            jobs += [(name, at, forget, seed, None) for at in days[name][1] for forget in (False, True)]
+            jobs += [(name, None, False, seed, knob) for knob in PAIRED_MARGINS]
+    _run_resumable(path, runs, [j for j in jobs if j not in runs], code)
     print(
         "| day | pairs | kept >= forgotten | kept - forgotten: mean (lowest, highest) | GPU-h kept / forgotten, mean "
         "| above the uninterrupted scaler's best at no more GPU-h: kept / forgotten, mean (pairs with both) |"
@@ -266,11 +280,79 @@ def paired(seeds: list[int], out: Path) -> int:
     return 0
 
 
+# the kept restart again with more margin, where it read less than the forgotten one: down to a thicker
+# margin than the uninterrupted line's, since a cold restart over-provisions by up to ~15 % (kv-bound)
+MATCHED_MARGINS: Final = (0.85, 0.8, 0.75)
+# day, restart at, seed: one restart, kept against forgotten
+Pair = tuple[str, float, int]
+
+
+def _pairs(out: Path, code: str) -> dict[Pair, tuple[tuple[float, float], tuple[float, float]]]:
+    """Every restart at the default margin in OUT/restart.json (seed 0) and OUT/paired.json (other seeds)
+    made by the code ``code``: (attainment after the warm-up, GPU-hours) kept and forgotten. Runs by other
+    code are left out (a pair judged on one code and rerun on another would compare two scalers)."""
+    pairs: dict[Pair, dict[bool, tuple[float, float]]] = {}
+    if (out / "restart.json").exists():
+        for name, day in json.loads((out / "restart.json").read_text()).items():
+            for r in day["runs"]:
+                if r["state"] is not None and r.get("code") == code:
+                    pairs.setdefault((name, r["restart_at_s"], 0), {})[r["state"] == "forgotten"] = (
+                        r["after_warmup"]["slo_attainment"],
+                        r["gpu_hours"],
+                    )
+    if (out / "paired.json").exists():
+        for r in json.loads((out / "paired.json").read_text())["runs"]:
+            if r["restart_at_s"] is not None and r["target_utilization"] is None and r.get("code") == code:
+                pairs.setdefault((r["day"], r["restart_at_s"], r["seed"]), {})[r["forgotten"]] = (
+                    r["attainment_after_warmup"],
+                    r["gpu_hours"],
+                )
+    return {k: (v[False], v[True]) for k, v in pairs.items() if False in v and True in v}
+
+
+def matched(out: Path) -> int:
+    """Whether what forgetting bought where it read more is knowledge or GPU-hours: every pair (from
+    OUT/restart.json and OUT/paired.json) where the kept restart read less than the forgotten one, the kept
+    restart again at MATCHED_MARGINS on the same draw, and the best it read at no more GPU-hours than the
+    forgotten run spent (``best_at_or_below``). Resumable like ``paired`` (same code). Writes
+    OUT/matched.json and prints a table, one row per pair."""
+    path = out / "matched.json"
+    code = code_fingerprint()
+    pairs = _pairs(out, code)
+    if not pairs:
+        print(f"no restart runs by this code ({code}) in {out}: run restart_state and --paired first", file=sys.stderr)
+        return 1
+    losing = sorted(k for k, (kept, forgot) in pairs.items() if kept[0] < forgot[0])
+    runs = _load_runs(path, code)
+    jobs: list[PairedJob] = [(name, at, False, seed, knob) for name, at, seed in losing for knob in MATCHED_MARGINS]
+    _run_resumable(path, runs, [j for j in jobs if j not in runs], code)
+    print(
+        "| day | seed | restart (s) | kept, GPU-h | forgotten, GPU-h | kept at more margin: targetUtilization, "
+        "GPU-h | kept's best at no more GPU-h than forgotten, minus forgotten |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, at, seed in losing:
+        kept, forgot = pairs[(name, at, seed)]
+        more = [runs[(name, at, False, seed, knob)] for knob in MATCHED_MARGINS]
+        line = [(kept[1], kept[0])] + [(r["gpu_hours"], r["attainment_after_warmup"]) for r in more]
+        best = best_at_or_below(line, forgot[1])
+        margins = ", ".join(
+            f"{r['target_utilization']:g}: {_pct(r['attainment_after_warmup'])} {r['gpu_hours']:.1f}" for r in more
+        )
+        print(
+            f"| {name} | {seed} | {at:g} | {_pct(kept[0])}, {kept[1]:.1f} | {_pct(forgot[0])}, {forgot[1]:.1f} "
+            f"| {margins} | {'—' if best is None else f'{100 * (best - forgot[0]):+.3f} pp'} |"
+        )
+    return 0
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.2f} %"
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--matched"]:
+        return matched(Path(argv[1]) if len(argv) > 1 else Path("docs/state"))
     if argv[:1] == ["--windows"]:
         return windows(argv[1], float(argv[2]), int(argv[3]) if len(argv) > 3 else 0)
     if argv[:1] == ["--paired"]:
@@ -284,6 +366,7 @@ def main(argv: list[str]) -> int:
         for at in _day(name)[1]:
             jobs += [(name, at, False, None), (name, at, True, None)]
     started = time.perf_counter()
+    code = code_fingerprint()
     results: dict[str, dict[str, Any]] = {}
     timelines: dict[tuple[str, float | None, bool], list[dict[str, Any]]] = {}
     with ProcessPoolExecutor(max_workers=2) as pool:
@@ -301,6 +384,7 @@ def main(argv: list[str]) -> int:
                 "after_restart": summary.get("after_restart"),
                 "gpu_hours": summary["gpu_hours"],
                 "command": command(name, peak, at, forget, knob),
+                "code": code,
             }
             if knob is not None:
                 r.setdefault("margins", []).append({**run, "target_utilization": knob})
