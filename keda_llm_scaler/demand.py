@@ -420,6 +420,7 @@ class DemandTracker:
         past a knee, half of it queued; healthy, a quarter of it to the first token on average.
         ``ttft_slo_quantile``: the share of requests held to it (ttftSloQuantile)."""
         self.config = config or DemandConfig()
+        self._made_with = (scrape_interval, config, retain_s, ttft_slo_s, ttft_slo_quantile)
         self.slo_quantile = ttft_slo_quantile
         self.ttft_slo_s = ttft_slo_s
         self.queue_knee_s = QUEUE_KNEE_SLO_SHARE * ttft_slo_s if ttft_slo_s is not None else DEFAULT_QUEUE_KNEE_S
@@ -459,6 +460,10 @@ class DemandTracker:
         self._restored_at: float | None = None  # when ``adopt`` took what a previous process learned
         self._restored_mix: Mix | None = None  # the mix the fleet was last seen on before the restart
         self._last_mix: Mix | None = None  # the last mix known (kept across a restart: ``learned``)
+        # after ``adopt``: the tracker a start without the state would have, fed the same scrapes (twice the
+        # tracker's work for a restored fleet); what was kept never plans on a higher capacity than it reads
+        # (``_judge``)
+        self._cold: DemandTracker | None = None
 
     # -- input -----------------------------------------------------------------------------------
     def observe(
@@ -467,6 +472,9 @@ class DemandTracker:
         """``members``: every replica of the fleet this cycle (scraped or not); ``replicas``: the ones
         scraped successfully; ``starting``: replicas not ready yet."""
         members = set(members)
+        if self._cold is not None:
+            replicas = list(replicas)
+            self._cold.observe(now, members, replicas, starting)
         appeared = 0 if self._members is None else len(members - self._members)
         self._members = members
         if self._prev_t is not None and now <= self._prev_t:
@@ -673,6 +681,8 @@ class DemandTracker:
     def add_startup(self, seconds: float) -> None:
         """A start-up measured where discovery sees it (a pod's creation to Ready). Once one arrives, the
         scrape-side estimate (new replicas matched with pending endpoints) stops adding its own."""
+        if self._cold is not None:
+            self._cold.add_startup(seconds)
         if math.isfinite(seconds) and seconds >= 0:
             self._measured_startups = True
             self._startups.append(seconds)
@@ -838,11 +848,35 @@ class DemandTracker:
         self._bins_closed += len(restored)
         self._restored_at = now
         self._restored_mix = mix(state.mix)
+        self._cold = DemandTracker(*self._made_with)
 
     # -- output ----------------------------------------------------------------------------------
     def capacity(
         self, configured: float | None, now: float | None = None, config: DemandConfig | None = None
     ) -> tuple[float | None, str]:
+        return self._judge(configured, now, config).own_capacity(configured, now, config)
+
+    def _judge(self, configured: float | None, now: float | None, config: DemandConfig | None) -> DemandTracker:
+        """The tracker whose capacity stands: this one, or after a restart (``adopt``) the cold one, fed the
+        same scrapes since, wherever it reads a lower capacity. What was kept answers where nothing is
+        read yet (the first call, an idle fleet, a real engine whose KV says nothing yet) and where it
+        says less; it never lets a restarted scaler plan on more per replica than one that started
+        without it would. On a KV-bound replica a cold scaler plans on its KV reading, low on a small KV
+        pool, for hours (3.8 req/s a replica); a kept one planned on what the fleet served before the
+        restart (4.6-4.8) and missed a ramp the cold one's extra replicas served (docs/state.md: 99.88 %
+        against 100 % on three restarts). Kept knowledge is a reason to add replicas, not to remove them."""
+        if self._cold is None or configured is not None:
+            return self
+        cold, _ = self._cold.own_capacity(None, now, config)
+        if cold is None:
+            return self
+        kept, _ = self.own_capacity(None, now, config)
+        return self._cold if kept is None or cold < kept else self
+
+    def own_capacity(
+        self, configured: float | None, now: float | None = None, config: DemandConfig | None = None
+    ) -> tuple[float | None, str]:
+        """The capacity one replica serves within the SLO by this tracker's readings alone."""
         if configured is not None:
             return configured, "configured"
         mix = self._judging_mix(now) if now is not None else None
@@ -963,7 +997,8 @@ class DemandTracker:
         if len(trend) >= 6:
             slope, _ = _slope(trend)
             growth = min(c.growth_cap * offered, max(0.0, slope * horizon))
-        cap, cap_source = self.capacity(capacity_rps, now, c)
+        judge = self._judge(capacity_rps, now, c)
+        cap, cap_source = judge.own_capacity(capacity_rps, now, c)
         need = offered + growth + c.headroom_sigmas * spread
         return DemandEstimate(
             offered_rps=offered,
@@ -972,10 +1007,10 @@ class DemandTracker:
             need_rps=need,
             capacity_rps=cap,
             capacity_source=cap_source,
-            capacity_samples=len(self._capacity),
+            capacity_samples=len(judge._capacity),
             startup_s=horizon,
             startup_source=horizon_source,
-            served_rps=self.served(now),
+            served_rps=judge.served(now),
             since_arrival_s=None if self._last_arrival_t is None else max(0.0, now - self._last_arrival_t),
             tokens_rps=tokens_rps,
         )

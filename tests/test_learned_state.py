@@ -164,18 +164,65 @@ def test_readings_are_judged_by_the_mix_they_were_learned_on_and_dropped_when_th
     new = _tracker()
     new.adopt(aged(state, 600.0), 0.0)
     assert new.capacity(None, 0.0)[1] == "learned"
-    # the same mix comes back: the readings still count
+    # the same mix comes back: the readings still count (what the tracker reads and writes back; what it
+    # plans on is at most what a cold start reads: the next test)
     same, t = _replay_mix(new, 500.0, 100.0)
-    assert same.capacity(None, t)[1] == "learned"
+    assert same.own_capacity(None, t)[1] == "learned"
     # another mix (4x the prompt): they drop out as soon as the fleet shows it
     other = _tracker()
     other.adopt(aged(state, 600.0), 0.0)
     other, t = _replay_mix(other, 2000.0, 100.0)
-    assert other.capacity(None, t)[0] != pytest.approx(8.0, rel=0.05)
+    assert other.own_capacity(None, t)[0] != pytest.approx(8.0, rel=0.05)
     # and tagged readings with no mix to judge them by (a record without one) do not count at all
     blind = _tracker()
     blind.adopt(dataclasses.replace(aged(state, 600.0), mix=None), 0.0)
     assert blind.capacity(None, 0.0)[1] == "unknown"
+
+
+def test_a_restarted_tracker_plans_on_no_more_per_replica_than_one_that_started_cold() -> None:
+    # a replica that served 6 req/s healthily, then was kept past its knee at 8
+    old = _tracker()
+    _drive(old, 0.0, 60.0, 6.0, (0.0, 4.0, 0.3), (500.0, 100.0))
+    now = _drive(old, 61.0, 180.0, 8.0, (10.0, 20.0, 0.97), (500.0, 100.0))
+    learned_cap, _ = old.capacity(None, now)
+    assert (old.served(now) or 0.0) > 5.0
+    kept, cold = _tracker(), _tracker()
+    kept.adopt(aged(old.learned(now), 5.0), 0.0)
+    # the first call: nothing read yet, so the kept capacity answers (a cold start has none)
+    assert cold.capacity(None, 0.0) == (None, "unknown")
+    assert kept.capacity(None, 0.0) == (pytest.approx(learned_cap), "learned")
+    # a calm minute at 2 req/s: a cold start reads a lower bound from what the replica served, and the
+    # restarted one plans on that, not on what it kept
+    _, t = _replay_mix(kept, 500.0, 100.0)
+    _replay_mix(cold, 500.0, 100.0)
+    cold_cap, cold_source = cold.capacity(None, t)
+    assert cold_cap is not None and cold_cap < 0.5 * learned_cap
+    assert kept.capacity(None, t) == (pytest.approx(cold_cap), cold_source)
+    est, est_cold = kept.estimate(t), cold.estimate(t)
+    assert est is not None and est_cold is not None
+    assert (est.capacity_rps, est.capacity_source, est.served_rps) == (
+        pytest.approx(est_cold.capacity_rps),
+        est_cold.capacity_source,
+        pytest.approx(est_cold.served_rps),
+    )
+    # what it kept is still what it reads on its own, and what it writes for the next restart
+    assert kept.own_capacity(None, t) == (pytest.approx(learned_cap), "learned")
+    assert [c for _, c, _ in kept.learned(t).capacity] == [c for _, c, _ in old.learned(now).capacity]
+
+
+def test_a_kept_capacity_below_what_a_cold_start_reads_stands() -> None:
+    # the fleet was learned at 8 req/s past its knee, and after the restart serves 12 healthily (a faster
+    # engine, or a lighter mix within the tolerance): a cold start reads 12 served, the kept readings lifted
+    # by the same window only as far as it shows beyond luck; the lower, kept, stands
+    old, now = _overloaded_tracker(500.0, 100.0)
+    kept, cold = _tracker(), _tracker()
+    kept.adopt(aged(old.learned(now), 5.0), 0.0)
+    for tracker in (kept, cold):
+        t = _drive(tracker, 1.0, 90.0, 12.0, (0.0, 4.0, 0.1), (500.0, 100.0))
+    cold_cap, _ = cold.capacity(None, t)
+    own_cap, own_source = kept.own_capacity(None, t)
+    assert cold_cap is not None and own_cap is not None and own_cap < cold_cap
+    assert own_source == "learned" and kept.capacity(None, t) == (pytest.approx(own_cap), "learned")
 
 
 def _replay_mix(tracker: DemandTracker, prompt: float, generated: float) -> tuple[DemandTracker, float]:
