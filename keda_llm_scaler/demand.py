@@ -461,8 +461,8 @@ class DemandTracker:
         self._restored_mix: Mix | None = None  # the mix the fleet was last seen on before the restart
         self._last_mix: Mix | None = None  # the last mix known (kept across a restart: ``learned``)
         # after ``adopt``: the tracker a start without the state would have, fed the same scrapes (twice the
-        # tracker's work for a restored fleet); what was kept never plans on a higher capacity than it reads
-        # (``_judge``)
+        # tracker's work for a restored fleet): its answer stands unless what was kept asks for more
+        # (``cold_view``)
         self._cold: DemandTracker | None = None
 
     # -- input -----------------------------------------------------------------------------------
@@ -851,32 +851,17 @@ class DemandTracker:
         self._cold = DemandTracker(*self._made_with)
 
     # -- output ----------------------------------------------------------------------------------
+    @property
+    def cold_view(self) -> DemandTracker | None:
+        """After a restart (``adopt``): the tracker a start without the state would have, fed the same
+        scrapes since; None for a tracker that restored nothing. ``FleetState.evaluate`` answers with what
+        it reads unless what was kept asks for a whole replica more."""
+        return self._cold
+
     def capacity(
         self, configured: float | None, now: float | None = None, config: DemandConfig | None = None
     ) -> tuple[float | None, str]:
-        return self._judge(configured, now, config).own_capacity(configured, now, config)
-
-    def _judge(self, configured: float | None, now: float | None, config: DemandConfig | None) -> DemandTracker:
-        """The tracker whose capacity stands: this one, or after a restart (``adopt``) the cold one, fed the
-        same scrapes since, wherever it reads a lower capacity. What was kept answers where nothing is
-        read yet (the first call, an idle fleet, a real engine whose KV says nothing yet) and where it
-        says less; it never lets a restarted scaler plan on more per replica than one that started
-        without it would. On a KV-bound replica a cold scaler plans on its KV reading, low on a small KV
-        pool, for hours (3.8 req/s a replica); a kept one planned on what the fleet served before the
-        restart (4.6-4.8) and missed a ramp the cold one's extra replicas served (docs/state.md: 99.88 %
-        against 100 % on three restarts). Kept knowledge is a reason to add replicas, not to remove them."""
-        if self._cold is None or configured is not None:
-            return self
-        cold, _ = self._cold.own_capacity(None, now, config)
-        if cold is None:
-            return self
-        kept, _ = self.own_capacity(None, now, config)
-        return self._cold if kept is None or cold < kept else self
-
-    def own_capacity(
-        self, configured: float | None, now: float | None = None, config: DemandConfig | None = None
-    ) -> tuple[float | None, str]:
-        """The capacity one replica serves within the SLO by this tracker's readings alone."""
+        """The capacity one replica serves within the SLO by this tracker's readings (kept ones included)."""
         if configured is not None:
             return configured, "configured"
         mix = self._judging_mix(now) if now is not None else None
@@ -997,8 +982,7 @@ class DemandTracker:
         if len(trend) >= 6:
             slope, _ = _slope(trend)
             growth = min(c.growth_cap * offered, max(0.0, slope * horizon))
-        judge = self._judge(capacity_rps, now, c)
-        cap, cap_source = judge.own_capacity(capacity_rps, now, c)
+        cap, cap_source = self.capacity(capacity_rps, now, c)
         need = offered + growth + c.headroom_sigmas * spread
         return DemandEstimate(
             offered_rps=offered,
@@ -1007,10 +991,10 @@ class DemandTracker:
             need_rps=need,
             capacity_rps=cap,
             capacity_source=cap_source,
-            capacity_samples=len(judge._capacity),
+            capacity_samples=len(self._capacity),
             startup_s=horizon,
             startup_source=horizon_source,
-            served_rps=judge.served(now),
+            served_rps=self.served(now),
             since_arrival_s=None if self._last_arrival_t is None else max(0.0, now - self._last_arrival_t),
             tokens_rps=tokens_rps,
         )

@@ -86,6 +86,9 @@ class Evaluation:
     # the capacity one replica serves (value, source), known even while the load is not (a restarted scaler's
     # first cycles, before its demand window has two bins): what /metrics shows then
     capacity: tuple[float, str] | None = None
+    # after a restart that kept its state: whose answer stands, "restored" (what was kept asks for a whole
+    # replica more) or "cold" (what a start without the state reads); None when nothing was restored
+    state_view: str | None = None
 
     def count(self, state: str) -> int:
         return sum(1 for r in self.replicas if r.state == state)
@@ -348,24 +351,38 @@ class FleetState:
         itl = [d for r in live if (d := self._replicas[r.url].itl.delta()) is not None]
         p = params or self.params
         windows = None if params is None else demand_config(params)
-        demand: DemandEstimate | None = self.demand.estimate(now, p.replica_capacity, p.startup_s, windows)
-        if demand is not None:
-            known = None if demand.capacity_rps is None else (demand.capacity_rps, demand.capacity_source)
-        else:
-            cap, source = self.demand.capacity(p.replica_capacity, now, windows)
-            known = None if cap is None else (cap, source)
         ttft_merged = Histogram.merge(ttft)
         slo_q = _quantile(p.ttft_slo_quantile, ttft_merged) if p.ttft_slo_s is not None else None
         itl_merged = Histogram.merge(itl)
         itl_q = _quantile(p.itl_slo_quantile, itl_merged) if p.itl_slo_s is not None else None
         held, gateway_error = gateway if gateway is not None else (None, None)
+        demand: DemandEstimate | None = None
+        state_view: str | None = None
         try:
             if not reports and gateway_error is not None:
                 # no replica to read and the gateway unread: the pool's demand is unknown, which is not 0
                 raise NoFreshData(f"no replica, and the pool's gateway failed ({gateway_error})")
             inputs = [_policy_input(r) for r in reports]
-            pending = self.demand.rate_pending()
-            comp: Composite | None = composite(inputs, p, incoming, demand, slo_q, itl_q, held, pending)
+
+            def score(tracker: DemandTracker) -> tuple[Composite, DemandEstimate | None]:
+                d = tracker.estimate(now, p.replica_capacity, p.startup_s, windows)
+                pending = tracker.rate_pending()
+                return composite(inputs, p, incoming, d, slo_q, itl_q, held, pending), d
+
+            comp, demand = score(self.demand)
+            cold = self.demand.cold_view
+            if cold is not None:
+                # a restarted scaler answers as one that started without its state would, unless what it kept
+                # asks for a whole replica more: kept knowledge is a reason to add replicas, never to remove
+                # them, and below a whole replica it would only make the two fleets' runs drift apart. On a
+                # KV-bound replica a cold scaler plans on its KV reading (3.8 req/s a replica) for hours; a
+                # kept one on what the fleet served before the restart (4.6-4.8), and missed a ramp the cold
+                # one's extra replicas served (docs/state.md)
+                cold_comp, cold_demand = score(cold)
+                if comp.value >= cold_comp.value + 1.0:
+                    state_view = "restored"
+                else:
+                    comp, demand, state_view = cold_comp, cold_demand, "cold"
             error = None
         except NoFreshData as exc:
             # counts by reason, never addresses: the gRPC port is unauthenticated, and per-URL reasons
@@ -373,6 +390,13 @@ class FleetState:
             reasons = Counter(r.reason or r.state for r in reports)
             counts = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
             comp, error = None, f"{exc}: {counts}" if counts else str(exc)
+        if demand is not None and demand.capacity_rps is not None:
+            known: tuple[float, str] | None = (demand.capacity_rps, demand.capacity_source)
+        else:
+            # what the scaler knows of a replica, before the load is known (a restarted scaler's first
+            # cycles) or while the answer that stands planned on no capacity
+            cap, source = self.demand.capacity(p.replica_capacity, now, windows)
+            known = None if cap is None else (cap, source)
         return Evaluation(
             replicas=reports,
             composite=comp,
@@ -389,4 +413,5 @@ class FleetState:
             itl_p95_s=_quantile(0.95, itl_merged),
             held=held,
             capacity=known,
+            state_view=state_view,
         )

@@ -141,6 +141,7 @@ class Target:
         configured = cfg.scoring.replica_capacity
         self._known_unit_rps: float | None = None if configured is None else configured * cfg.scoring.target_utilization
         self._pool_replicas: int | None = None  # ceil of the last share, to log pool_split on a change
+        self.state_view: str | None = None  # whose answer stood last after a restart (logged on a change)
         self._unanswered: str | None = None  # why the last call got no answer (None: it got one)
         # the loop RPCs run on: snapshots published from the scrape loop's thread are handed over to it
         try:
@@ -646,6 +647,10 @@ class FleetWorker:
         def snapshot(view: Target) -> Snapshot:
             v = view.cfg
             evaluation = self._fleet.evaluate(now, starting, v.scoring, v.stale_after, gateway)
+            if evaluation.state_view is not None and evaluation.state_view != view.state_view:
+                # once per change: whether the restored state or a cold start's reading answers (FleetState)
+                view.state_view = evaluation.state_view
+                log.info("state_view", target=v.label, stands=evaluation.state_view)
             pool_size = pool_sizes.get((v.namespace, v.name))
             return Snapshot(
                 now,

@@ -18,7 +18,10 @@ import pytest
 
 from keda_llm_scaler import __version__
 from keda_llm_scaler.demand import DemandConfig, DemandTracker, ReplicaCounters
+from keda_llm_scaler.engines import read_replica
+from keda_llm_scaler.fleet import FleetState, Observation
 from keda_llm_scaler.learned import SCHEMA, FleetRecord, LearnedState, aged, decode, encode
+from keda_llm_scaler.policy import ScoringParams
 from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.state_store import STATE_FILE, DirectoryStore, StateKeeper
 from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
@@ -164,65 +167,84 @@ def test_readings_are_judged_by_the_mix_they_were_learned_on_and_dropped_when_th
     new = _tracker()
     new.adopt(aged(state, 600.0), 0.0)
     assert new.capacity(None, 0.0)[1] == "learned"
-    # the same mix comes back: the readings still count (what the tracker reads and writes back; what it
-    # plans on is at most what a cold start reads: the next test)
+    # the same mix comes back: the readings still count
     same, t = _replay_mix(new, 500.0, 100.0)
-    assert same.own_capacity(None, t)[1] == "learned"
+    assert same.capacity(None, t)[1] == "learned"
     # another mix (4x the prompt): they drop out as soon as the fleet shows it
     other = _tracker()
     other.adopt(aged(state, 600.0), 0.0)
     other, t = _replay_mix(other, 2000.0, 100.0)
-    assert other.own_capacity(None, t)[0] != pytest.approx(8.0, rel=0.05)
+    assert other.capacity(None, t)[0] != pytest.approx(8.0, rel=0.05)
     # and tagged readings with no mix to judge them by (a record without one) do not count at all
     blind = _tracker()
     blind.adopt(dataclasses.replace(aged(state, 600.0), mix=None), 0.0)
     assert blind.capacity(None, 0.0)[1] == "unknown"
 
 
-def test_a_restarted_tracker_plans_on_no_more_per_replica_than_one_that_started_cold() -> None:
+def test_a_restarted_tracker_reads_what_a_cold_start_would_beside_what_it_kept() -> None:
     # a replica that served 6 req/s healthily, then was kept past its knee at 8
     old = _tracker()
     _drive(old, 0.0, 60.0, 6.0, (0.0, 4.0, 0.3), (500.0, 100.0))
     now = _drive(old, 61.0, 180.0, 8.0, (10.0, 20.0, 0.97), (500.0, 100.0))
     learned_cap, _ = old.capacity(None, now)
-    assert (old.served(now) or 0.0) > 5.0
     kept, cold = _tracker(), _tracker()
+    assert kept.cold_view is None, "a tracker that restored nothing has no second view"
     kept.adopt(aged(old.learned(now), 5.0), 0.0)
-    # the first call: nothing read yet, so the kept capacity answers (a cold start has none)
-    assert cold.capacity(None, 0.0) == (None, "unknown")
+    view = kept.cold_view
+    assert view is not None and view.capacity(None, 0.0) == cold.capacity(None, 0.0) == (None, "unknown")
     assert kept.capacity(None, 0.0) == (pytest.approx(learned_cap), "learned")
-    # a calm minute at 2 req/s: a cold start reads a lower bound from what the replica served, and the
-    # restarted one plans on that, not on what it kept
+    # a calm minute at 2 req/s, scraped by the restarted tracker and by one that started cold: its cold view
+    # reads what the cold one reads, the load and the capacity, and what it kept stays what it writes back
     _, t = _replay_mix(kept, 500.0, 100.0)
     _replay_mix(cold, 500.0, 100.0)
-    cold_cap, cold_source = cold.capacity(None, t)
-    assert cold_cap is not None and cold_cap < 0.5 * learned_cap
-    assert kept.capacity(None, t) == (pytest.approx(cold_cap), cold_source)
-    est, est_cold = kept.estimate(t), cold.estimate(t)
-    assert est is not None and est_cold is not None
-    assert (est.capacity_rps, est.capacity_source, est.served_rps) == (
-        pytest.approx(est_cold.capacity_rps),
-        est_cold.capacity_source,
-        pytest.approx(est_cold.served_rps),
-    )
-    # what it kept is still what it reads on its own, and what it writes for the next restart
-    assert kept.own_capacity(None, t) == (pytest.approx(learned_cap), "learned")
+    assert view.estimate(t) == cold.estimate(t) and view.estimate(t) is not None
+    assert view.capacity(None, t) == cold.capacity(None, t) and cold.capacity(None, t)[0] < 0.5 * learned_cap
+    assert kept.capacity(None, t) == (pytest.approx(learned_cap), "learned")
     assert [c for _, c, _ in kept.learned(t).capacity] == [c for _, c, _ in old.learned(now).capacity]
 
 
-def test_a_kept_capacity_below_what_a_cold_start_reads_stands() -> None:
-    # the fleet was learned at 8 req/s past its knee, and after the restart serves 12 healthily (a faster
-    # engine, or a lighter mix within the tolerance): a cold start reads 12 served, the kept readings lifted
-    # by the same window only as far as it shows beyond luck; the lower, kept, stands
-    old, now = _overloaded_tracker(500.0, 100.0)
-    kept, cold = _tracker(), _tracker()
-    kept.adopt(aged(old.learned(now), 5.0), 0.0)
-    for tracker in (kept, cold):
-        t = _drive(tracker, 1.0, 90.0, 12.0, (0.0, 4.0, 0.1), (500.0, 100.0))
-    cold_cap, _ = cold.capacity(None, t)
-    own_cap, own_source = kept.own_capacity(None, t)
-    assert cold_cap is not None and own_cap is not None and own_cap < cold_cap
-    assert own_source == "learned" and kept.capacity(None, t) == (pytest.approx(own_cap), "learned")
+def _fleet() -> FleetState:
+    return FleetState(ScoringParams(ttft_slo_s=2.0), stale_after=15.0, scrape_interval=1.0)
+
+
+def _drive_fleet(fleet: FleetState, t0: float, t1: float, rps: float, load: EngineLoad) -> float:
+    """One vLLM replica finishing ``rps`` requests/s from t0 to t1, scraped every second; the last time."""
+    t = t0
+    while t <= t1:
+        fleet.update(t, [Observation("r1", read_replica(vllm_v1([load], success=rps * (t - t0))))])
+        t += 1.0
+    return t - 1.0
+
+
+@pytest.mark.parametrize(
+    ("rps", "load", "stands"),
+    [
+        (6.0, EngineLoad(0, 4, 0.3), "cold"),  # calm: what it kept (8 req/s a replica) asks for fewer
+        (12.0, EngineLoad(0, 4, 0.1), "cold"),  # a faster replica than it kept: the kept asks for less than one more
+        (16.0, EngineLoad(0, 12, 0.5), "restored"),  # more than it kept a replica serves: a replica more
+    ],
+)
+def test_a_restarted_fleet_answers_as_a_cold_start_unless_what_it_kept_asks_for_a_replica_more(
+    rps: float, load: EngineLoad, stands: str
+) -> None:
+    old = _fleet()
+    now = _drive_fleet(old, 0.0, 120.0, 8.0, EngineLoad(10, 20, 0.97))  # past its knee at 8 req/s
+    assert old.evaluate(now).capacity == (8.0, "learned") and old.evaluate(now).state_view is None
+    kept, cold = _fleet(), _fleet()
+    kept.demand.adopt(aged(old.demand.learned(now), 5.0), 0.0)
+    # before the load is known the capacity exported is what it kept (a cold start knows none)
+    assert kept.evaluate(0.0).capacity == (8.0, "learned") and cold.evaluate(0.0).capacity is None
+    for fleet in (kept, cold):
+        t = _drive_fleet(fleet, 1.0, 90.0, rps, load)
+    restarted, fresh = kept.evaluate(t), cold.evaluate(t)
+    assert restarted.composite is not None and fresh.composite is not None
+    assert restarted.state_view == stands
+    if stands == "cold":
+        # the same answer, to the digit: the two runs do not drift apart on a difference under a replica
+        assert restarted.composite == fresh.composite and restarted.capacity == fresh.capacity
+    else:
+        assert restarted.composite.value >= fresh.composite.value + 1.0
+        assert restarted.capacity == (8.0, "learned") and fresh.capacity != restarted.capacity
 
 
 def _replay_mix(tracker: DemandTracker, prompt: float, generated: float) -> tuple[DemandTracker, float]:
@@ -319,15 +341,18 @@ async def test_a_restarted_scaler_answers_with_the_capacity_it_learned_on_its_fi
             (target,) = second.registry.targets()
             snap = target.snapshot
             assert snap is not None and snap.composite is not None
-            demand = snap.composite.demand
+            known = snap.evaluation.capacity
             if keep:
-                # the first answer's: its first scrape cycle could not have learned it from an idle replica
-                assert demand is not None and demand.capacity_source == "learned", demand
-                assert demand.capacity_rps == pytest.approx(cap, rel=0.01)
+                # the first answer's: its first scrape cycle could not have learned it from an idle replica.
+                # The answer itself is a cold start's (an idle replica: the kept capacity asks for no more)
+                assert known is not None and known[1] == "learned", known
+                assert known[0] == pytest.approx(cap, rel=0.01)
                 assert _learned_capacity(second.metrics_port) == pytest.approx(cap, rel=0.01)
+                assert snap.evaluation.state_view == "cold"
             else:
-                assert demand is None or demand.capacity_source != "learned", demand
+                assert known is None or known[1] != "learned", known
                 assert _learned_capacity(second.metrics_port) is None
+                assert snap.evaluation.state_view is None
 
 
 async def test_a_standby_keeps_the_others_records_current_for_a_failover(tmp_path: Path) -> None:

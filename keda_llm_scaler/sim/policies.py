@@ -89,6 +89,7 @@ class CompositePolicy(Policy):
         self._state = FleetState(self.params, self.stale_after_s, self.scrape_interval_s, self.demand)
         self._composite: float | None = None
         self.last: Composite | None = None  # the latest scoring, whole
+        self._capacity: tuple[float, str] | None = None  # the latest capacity known (value, source)
         self._persisted: FleetRecord | None = None  # the learned state as last written (restart)
 
     def restart(self, now: float, keep_state: bool) -> None:
@@ -107,6 +108,7 @@ class CompositePolicy(Policy):
         self._persisted = None
         self._composite = self.value = None
         self.last = None
+        self._capacity = None
         self._next = now
 
     def _persist(self, now: float) -> None:
@@ -120,17 +122,19 @@ class CompositePolicy(Policy):
         self._persist(now)
         starting = len(fleet.with_state(STARTING))
         self._state.update(now, (Observation(p.name, p.replica.signals()) for p in _ready(fleet)), starting)
-        c = self._state.evaluate(now, starting).composite  # starting pods: capacity on the way
+        evaluation = self._state.evaluate(now, starting)  # starting pods: capacity on the way
+        c = evaluation.composite
         self._composite = None if c is None else c.value
         self.value = self._composite
         self.last = c
+        self._capacity = evaluation.capacity  # what the scaler exports: known before the load is
 
     def explain(self) -> dict[str, float | None]:
         c = self.last
         if c is None:
             return {}
         d = c.demand
-        cap = d.capacity_rps if d is not None else None
+        cap = None if self._capacity is None else self._capacity[0]
         return {
             "offered_rps": d.offered_rps if d is not None else None,
             "need_rps": d.need_rps if d is not None else None,
