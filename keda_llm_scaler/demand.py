@@ -461,8 +461,8 @@ class DemandTracker:
         self._restored_mix: Mix | None = None  # the mix the fleet was last seen on before the restart
         self._last_mix: Mix | None = None  # the last mix known (kept across a restart: ``learned``)
         # after ``adopt``: the tracker a start without the state would have, fed the same scrapes (twice the
-        # tracker's work for a restored fleet): its answer stands unless what was kept asks for more
-        # (``cold_view``)
+        # tracker's work for a restored fleet): its answer stands unless what was kept asks for a whole
+        # replica more (``cold_view``)
         self._cold: DemandTracker | None = None
 
     # -- input -----------------------------------------------------------------------------------

@@ -84,7 +84,8 @@ class Evaluation:
     held: float | None = None  # requests the pool's gateway holds for it (gatewayMetricsUrl), this cycle
     queue_time_p95_s: float | None = None
     # the capacity one replica serves (value, source), known even while the load is not (a restarted scaler's
-    # first cycles, before its demand window has two bins): what /metrics shows then
+    # first cycles, before its demand window has two bins): what /metrics shows. After a restart that kept
+    # its state, what was kept (with what was read since), whichever answer stands (``state_view``)
     capacity: tuple[float, str] | None = None
     # after a restart that kept its state: whose answer stands, "restored" (what was kept asks for a whole
     # replica more) or "cold" (what a start without the state reads); None when nothing was restored
@@ -356,7 +357,8 @@ class FleetState:
         itl_merged = Histogram.merge(itl)
         itl_q = _quantile(p.itl_slo_quantile, itl_merged) if p.itl_slo_s is not None else None
         held, gateway_error = gateway if gateway is not None else (None, None)
-        demand: DemandEstimate | None = None
+        demand: DemandEstimate | None = None  # the standing answer's
+        kept: DemandEstimate | None = None  # on what this tracker knows (after a restart, what it kept too)
         state_view: str | None = None
         try:
             if not reports and gateway_error is not None:
@@ -370,6 +372,7 @@ class FleetState:
                 return composite(inputs, p, incoming, d, slo_q, itl_q, held, pending), d
 
             comp, demand = score(self.demand)
+            kept = demand
             cold = self.demand.cold_view
             if cold is not None:
                 # a restarted scaler answers as one that started without its state would, unless what it kept
@@ -390,11 +393,12 @@ class FleetState:
             reasons = Counter(r.reason or r.state for r in reports)
             counts = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
             comp, error = None, f"{exc}: {counts}" if counts else str(exc)
-        if demand is not None and demand.capacity_rps is not None:
-            known: tuple[float, str] | None = (demand.capacity_rps, demand.capacity_source)
+        # what the scaler knows of a replica, whichever answer stands: after a restart what it kept (with
+        # what it read since), the knowledge the restart carried over, also before the load is known (the
+        # first cycles) and where a cold start's answer stands
+        if kept is not None and kept.capacity_rps is not None:
+            known: tuple[float, str] | None = (kept.capacity_rps, kept.capacity_source)
         else:
-            # what the scaler knows of a replica, before the load is known (a restarted scaler's first
-            # cycles) or while the answer that stands planned on no capacity
             cap, source = self.demand.capacity(p.replica_capacity, now, windows)
             known = None if cap is None else (cap, source)
         return Evaluation(

@@ -241,10 +241,11 @@ def test_a_restarted_fleet_answers_as_a_cold_start_unless_what_it_kept_asks_for_
     assert restarted.state_view == stands
     if stands == "cold":
         # the same answer, to the digit: the two runs do not drift apart on a difference under a replica
-        assert restarted.composite == fresh.composite and restarted.capacity == fresh.capacity
+        assert restarted.composite == fresh.composite
     else:
         assert restarted.composite.value >= fresh.composite.value + 1.0
-        assert restarted.capacity == (8.0, "learned") and fresh.capacity != restarted.capacity
+    # what it exports is what it knows, whichever answer stands: the capacity it kept
+    assert restarted.capacity == (8.0, "learned") and fresh.capacity != restarted.capacity
 
 
 def _replay_mix(tracker: DemandTracker, prompt: float, generated: float) -> tuple[DemandTracker, float]:
