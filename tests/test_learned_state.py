@@ -243,7 +243,9 @@ def test_a_restarted_fleet_answers_as_a_cold_start_unless_what_it_kept_asks_for_
         # the same answer, to the digit: the two runs do not drift apart on a difference under a replica
         assert restarted.composite == fresh.composite
     else:
+        # the answer on what it kept, whole: its load and capacity, not a cold start's
         assert restarted.composite.value >= fresh.composite.value + 1.0
+        assert restarted.composite.demand == kept.demand.estimate(t)
     # what it exports is what it knows, whichever answer stands: the capacity it kept
     assert restarted.capacity == (8.0, "learned") and fresh.capacity != restarted.capacity
 

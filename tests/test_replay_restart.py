@@ -61,8 +61,6 @@ def test_kept_state_loses_no_attainment_against_forgotten(runs: dict[str, Any]) 
     assert kept["after_restart"]["requests"] == forgotten["after_restart"]["requests"] > 0
     assert kept["after_restart"]["slo_attainment"] >= forgotten["after_restart"]["slo_attainment"] - 1e-3
     assert kept["after_warmup"]["slo_attainment"] >= 0.99
-    # a scaler that forgot reads its capacity from the little its replicas served since, and holds more
-    assert kept["gpu_hours"] <= forgotten["gpu_hours"]
     assert "after_restart" not in runs["none"]["summary"]
 
 
