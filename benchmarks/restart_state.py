@@ -386,6 +386,11 @@ def main(argv: list[str]) -> int:
                 "command": command(name, peak, at, forget, knob),
                 "code": code,
             }
+            if at is not None and not forget:
+                # whether the view flaps: serve logs state_view on each change (no hysteresis on it)
+                last = timeline[-1] if timeline else {}
+                run["state_view_changes"] = int(last.get("state_view_changes") or 0)
+                run["restored_view_s"] = float(last.get("restored_view_s") or 0.0)
             if knob is not None:
                 r.setdefault("margins", []).append({**run, "target_utilization": knob})
                 continue
@@ -443,6 +448,14 @@ def main(argv: list[str]) -> int:
             f"{_pct(mean(forgot, 'after_restart', 'slo_attainment'))} | {wins} of {n} "
             f"| {mean(kept, 'gpu_hours'):.1f} / {mean(forgot, 'gpu_hours'):.1f} |"
         )
+    print("\n| day | kept restarts where the restored view stood | for (s, each) | view changes (each) |")
+    print("|---|---|---|---|")
+    for name, r in results.items():
+        kept = sorted((x for x in r["runs"] if x["state"] == "kept"), key=lambda x: x["restart_at_s"])
+        stood = [x for x in kept if x["restored_view_s"] > 0]
+        seconds = ", ".join(f"{x['restored_view_s']:.0f}" for x in kept)
+        changes = ", ".join(str(x["state_view_changes"]) for x in kept)
+        print(f"| {name} | {len(stood)} of {len(kept)} | {seconds} | {changes} |")
     # what a cold restart's extra replicas are worth: each run against the uninterrupted scaler's margin
     # frontier at the same GPU-hours (above it: the restart bought more than margin would; below: less)
     print("\n| day | run | GPU-h | after warm-up | the uninterrupted scaler at those GPU-h | above it by |")

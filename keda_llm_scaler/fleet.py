@@ -23,7 +23,9 @@ __all__ = [
     "EXPIRED",
     "FRESH",
     "REPLICA_STATES",
+    "RESTORED",
     "STALE",
+    "STATE_VIEWS",
     "Evaluation",
     "FleetState",
     "Observation",
@@ -35,6 +37,10 @@ FRESH: Final = "fresh"
 STALE: Final = "stale"  # this scrape failed; last good data is still inside staleAfter
 EXPIRED: Final = "expired"  # no good data inside staleAfter (or never): counted as at least at target
 REPLICA_STATES: Final = (FRESH, STALE, EXPIRED)
+# after a restart on kept state, whose answer stands (Evaluation.state_view)
+RESTORED: Final = "restored"  # what was kept asks for a whole replica more than a cold start would
+COLD: Final = "cold"  # what a start without the state reads
+STATE_VIEWS: Final = (RESTORED, COLD)
 # first tokens over the window before their time outside the queue is read (a mean of a few is one prompt)
 FIRST_TOKEN_MIN_OBSERVATIONS: Final = 10
 
@@ -357,7 +363,6 @@ class FleetState:
         itl_merged = Histogram.merge(itl)
         itl_q = _quantile(p.itl_slo_quantile, itl_merged) if p.itl_slo_s is not None else None
         held, gateway_error = gateway if gateway is not None else (None, None)
-        demand: DemandEstimate | None = None  # the standing answer's
         kept: DemandEstimate | None = None  # on what this tracker knows (after a restart, what it kept too)
         state_view: str | None = None
         try:
@@ -371,8 +376,7 @@ class FleetState:
                 pending = tracker.rate_pending()
                 return composite(inputs, p, incoming, d, slo_q, itl_q, held, pending), d
 
-            comp, demand = score(self.demand)
-            kept = demand
+            comp, kept = score(self.demand)
             cold = self.demand.cold_view
             if cold is not None:
                 # a restarted scaler answers as one that started without its state would, unless what it kept
@@ -381,11 +385,11 @@ class FleetState:
                 # KV-bound replica a cold scaler plans on its KV reading (3.8 req/s a replica) for hours; a
                 # kept one on what the fleet served before the restart (4.6-4.8), and missed a ramp the cold
                 # one's extra replicas served (docs/state.md)
-                cold_comp, cold_demand = score(cold)
+                cold_comp, _ = score(cold)
                 if comp.value >= cold_comp.value + 1.0:
-                    state_view = "restored"
+                    state_view = RESTORED
                 else:
-                    comp, demand, state_view = cold_comp, cold_demand, "cold"
+                    comp, state_view = cold_comp, COLD
             error = None
         except NoFreshData as exc:
             # counts by reason, never addresses: the gRPC port is unauthenticated, and per-URL reasons

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from keda_llm_scaler import __version__
 from keda_llm_scaler.activity import target_active
 from keda_llm_scaler.errors import NoFreshData
-from keda_llm_scaler.fleet import REPLICA_STATES
+from keda_llm_scaler.fleet import REPLICA_STATES, STATE_VIEWS
 from keda_llm_scaler.membership import PHASES
 from keda_llm_scaler.metadata import TriggerConfig
 from keda_llm_scaler.pools import cost_per_million_tokens, pool_cost_per_hour
@@ -80,6 +80,13 @@ class _TargetCollector(Collector):
             ("term",),
         )
         reason = family("decision_reason", "1 for the term that dominates the composite", ("reason",))
+        state_view = family(
+            "state_view",
+            "After a restart on kept state, 1 for the view whose answer stands: restored (what was kept asks "
+            "for a whole replica more) or cold (a cold start's reading), 0 for the other; absent for a fleet "
+            "the scaler has known only since it started",
+            ("view",),
+        )
         up = family("target_up", "1 when GetMetrics answers with a value, 0 when it answers UNAVAILABLE")
         active = family(
             "active",
@@ -240,6 +247,9 @@ class _TargetCollector(Collector):
             ev = snap.evaluation
             if ev.capacity is not None:  # with or without a composite: known before the load is
                 capacity.add_metric([*labels, ev.capacity[1]], ev.capacity[0])
+            if ev.state_view is not None:  # after a restart on kept state: whose answer stands
+                for view in STATE_VIEWS:
+                    state_view.add_metric([*labels, view], 1.0 if view == ev.state_view else 0.0)
             optional: list[tuple[GaugeMetricFamily, float | None]] = [
                 (waiting, ev.waiting),
                 (deferred, ev.deferred),
@@ -273,6 +283,7 @@ class _TargetCollector(Collector):
             fleet_cost_tokens,
             term,
             reason,
+            state_view,
             up,
             active,
             waiting,

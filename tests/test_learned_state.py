@@ -293,6 +293,10 @@ def _learned_capacity(port: int) -> float | None:
     return None
 
 
+def _state_view(port: int) -> dict[str, float]:
+    return {labels["view"]: v for labels, v in scrape(port).get("llm_scaler_state_view", [])}
+
+
 async def _overload(replica: Replica, stop: asyncio.Event) -> None:
     """8 requests/s finish at a replica kept past its knee (a queue, KV full)."""
     t0 = time.monotonic()
@@ -352,10 +356,12 @@ async def test_a_restarted_scaler_answers_with_the_capacity_it_learned_on_its_fi
                 assert known[0] == pytest.approx(cap, rel=0.01)
                 assert _learned_capacity(second.metrics_port) == pytest.approx(cap, rel=0.01)
                 assert snap.evaluation.state_view == "cold"
+                assert _state_view(second.metrics_port) == {"cold": 1.0, "restored": 0.0}
             else:
                 assert known is None or known[1] != "learned", known
                 assert _learned_capacity(second.metrics_port) is None
                 assert snap.evaluation.state_view is None
+                assert _state_view(second.metrics_port) == {}  # nothing restored: no view to show, not a 0
 
 
 async def test_a_standby_keeps_the_others_records_current_for_a_failover(tmp_path: Path) -> None:

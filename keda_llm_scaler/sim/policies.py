@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from keda_llm_scaler.demand import DemandConfig
-from keda_llm_scaler.fleet import FleetState, Observation
+from keda_llm_scaler.fleet import RESTORED, FleetState, Observation
 from keda_llm_scaler.learned import FleetRecord, aged, decode, encode
 from keda_llm_scaler.policy import Composite, ScoringParams
 from keda_llm_scaler.sim.fleet import READY, STARTING, SimulatedFleet
@@ -91,6 +91,11 @@ class CompositePolicy(Policy):
         self.last: Composite | None = None  # the latest scoring, whole
         self._capacity: tuple[float, str] | None = None  # the latest capacity known (value, source)
         self._persisted: FleetRecord | None = None  # the learned state as last written (restart)
+        # after a restart on kept state: how often the standing view changed, and how long the restored one
+        # stood (scrape intervals), as `serve` logs `state_view` on each change
+        self._view: str | None = None
+        self._view_changes = 0
+        self._restored_s = 0.0
 
     def restart(self, now: float, keep_state: bool) -> None:
         """The scaler process restarts at ``now``: everything in memory is lost. ``keep_state``: the new process
@@ -106,6 +111,7 @@ class CompositePolicy(Policy):
             if record is not None and record.basis == self._state.demand.basis():
                 self._state.demand.adopt(aged(record.state, now - record.written_at), now)
         self._persisted = None
+        self._view = None
         self._composite = self.value = None
         self.last = None
         self._capacity = None
@@ -128,6 +134,12 @@ class CompositePolicy(Policy):
         self.value = self._composite
         self.last = c
         self._capacity = evaluation.capacity  # what the scaler exports: known before the load is
+        view = evaluation.state_view
+        if view is not None and view != self._view:
+            self._view_changes += self._view is not None  # the first view after the restart is no change
+            self._view = view
+        if view == RESTORED:
+            self._restored_s += self.interval_s
 
     def explain(self) -> dict[str, float | None]:
         c = self.last
@@ -141,6 +153,8 @@ class CompositePolicy(Policy):
             "capacity_rps": cap,
             "rate_replicas": c.rate,
             "pressure_replicas": c.pressure,
+            "state_view_changes": float(self._view_changes),
+            "restored_view_s": self._restored_s,
         }
 
     def reading(self) -> MetricReading | None:
