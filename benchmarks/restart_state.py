@@ -5,6 +5,7 @@
     python -m benchmarks.restart_state --windows DAY RESTART_AT [SEED]   # one restart, per 10-minute window
     python -m benchmarks.restart_state --paired 1,2 [OUT_DIR]     # other draws of every day, ~40 min
     python -m benchmarks.restart_state --matched [OUT_DIR]   # the kept runs that read less, with more margin
+    python -m benchmarks.restart_state --nearby [OUT_DIR]    # the pairs that parted, restarts moved by 5-10 s
 
 Each day: six hours of ServeGen's aggregate curve for one model, with the mix's tokens, scaled so its
 busiest 10-minute window needs PEAK_REPLICAS replicas at the profile's capacity at the 2 s TTFT SLO on
@@ -346,6 +347,54 @@ def matched(out: Path) -> int:
     return 0
 
 
+# the restart moved by a scrape interval or two either way: an instant no scaler chooses
+NEARBY_SHIFTS_S: Final = (-10.0, -5.0, 5.0, 10.0)
+
+
+def nearby(out: Path) -> int:
+    """How far "kept reads less than forgotten" can be read: every pair (OUT/restart.json, OUT/paired.json)
+    whose kept and forgotten runs read different attainments, again with the restart NEARBY_SHIFTS_S
+    earlier and later, kept and forgotten. Whether the sign of kept - forgotten holds when the restart moves
+    by a scrape interval, and how far forgetting's own attainment moves with it (the resolution of the
+    comparison). Resumable like ``paired`` (same code). Writes OUT/nearby.json and prints a table, one row
+    per pair."""
+    path = out / "nearby.json"
+    code = code_fingerprint()
+    pairs = _pairs(out, code)
+    if not pairs:
+        print(f"no restart runs by this code ({code}) in {out}: run restart_state and --paired first", file=sys.stderr)
+        return 1
+    parted = sorted(k for k, (kept, forgot) in pairs.items() if kept[0] != forgot[0])
+    runs = _load_runs(path, code)
+    jobs: list[PairedJob] = [
+        (name, at + shift, forget, seed, None)
+        for name, at, seed in parted
+        for shift in NEARBY_SHIFTS_S
+        for forget in (False, True)
+    ]
+    _run_resumable(path, runs, [j for j in jobs if j not in runs], code)
+    shifts = ", ".join(f"{s:+g} s" for s in NEARBY_SHIFTS_S)
+    print(
+        f"| day | seed | restart (s) | kept - forgotten there | kept - forgotten at {shifts} "
+        "| forgotten's attainment over the five restarts: lowest, highest (spread) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name, at, seed in parted:
+        kept, forgot = pairs[(name, at, seed)]
+        moved = [
+            (runs[(name, at + s, False, seed, None)], runs[(name, at + s, True, seed, None)]) for s in NEARBY_SHIFTS_S
+        ]
+        diffs = ", ".join(
+            f"{100 * (k['attainment_after_warmup'] - f['attainment_after_warmup']):+.3f}" for k, f in moved
+        )
+        forgotten = [forgot[0], *(f["attainment_after_warmup"] for _, f in moved)]
+        print(
+            f"| {name} | {seed} | {at:g} | {100 * (kept[0] - forgot[0]):+.3f} pp | {diffs} pp "
+            f"| {_pct(min(forgotten))}, {_pct(max(forgotten))} ({100 * (max(forgotten) - min(forgotten)):.3f} pp) |"
+        )
+    return 0
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.2f} %"
 
@@ -353,6 +402,8 @@ def _pct(x: float) -> str:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--matched"]:
         return matched(Path(argv[1]) if len(argv) > 1 else Path("docs/state"))
+    if argv[:1] == ["--nearby"]:
+        return nearby(Path(argv[1]) if len(argv) > 1 else Path("docs/state"))
     if argv[:1] == ["--windows"]:
         return windows(argv[1], float(argv[2]), int(argv[3]) if len(argv) > 3 else 0)
     if argv[:1] == ["--paired"]:
