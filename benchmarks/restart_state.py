@@ -439,9 +439,9 @@ def main(argv: list[str]) -> int:
             }
             if at is not None and not forget:
                 # whether the view flaps: serve logs state_view on each change (no hysteresis on it)
-                last = timeline[-1] if timeline else {}
-                run["state_view_changes"] = int(last.get("state_view_changes") or 0)
-                run["restored_view_s"] = float(last.get("restored_view_s") or 0.0)
+                # running totals on every sample (a sample without a composite carries none)
+                run["state_view_changes"] = int(max((p.get("state_view_changes") or 0 for p in timeline), default=0))
+                run["restored_view_s"] = float(max((p.get("restored_view_s") or 0.0 for p in timeline), default=0.0))
             if knob is not None:
                 r.setdefault("margins", []).append({**run, "target_utilization": knob})
                 continue

@@ -15,15 +15,20 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from keda_llm_scaler import __version__
 from keda_llm_scaler.demand import DemandConfig, DemandTracker, ReplicaCounters
 from keda_llm_scaler.engines import read_replica
-from keda_llm_scaler.fleet import FleetState, Observation
+from keda_llm_scaler.fleet import Evaluation, FleetState, Observation
 from keda_llm_scaler.learned import SCHEMA, FleetRecord, LearnedState, aged, decode, encode
+from keda_llm_scaler.metadata import parse_trigger
 from keda_llm_scaler.policy import ScoringParams
 from keda_llm_scaler.sim.keda import KedaEmulator
 from keda_llm_scaler.state_store import STATE_FILE, DirectoryStore, StateKeeper
+from keda_llm_scaler.target import Snapshot, Target
+from keda_llm_scaler.telemetry import ScalerMetrics
 from keda_llm_scaler.testing.payloads import EngineLoad, vllm_v1
 from keda_llm_scaler.testing.replicas import Replica, replicas
 from keda_llm_scaler.testing.scalerproc import channel_to, running_scaler
@@ -248,6 +253,23 @@ def test_a_restarted_fleet_answers_as_a_cold_start_unless_what_it_kept_asks_for_
         assert restarted.composite.demand == kept.demand.estimate(t)
     # what it exports is what it knows, whichever answer stands: the capacity it kept
     assert restarted.capacity == (8.0, "learned") and fresh.capacity != restarted.capacity
+    # and /metrics says which answer stands; nothing for a fleet that restored nothing (not a 0)
+    other = "cold" if stands == "restored" else "restored"
+    assert _exported_state_view(restarted) == {stands: 1.0, other: 0.0}
+    assert _exported_state_view(fresh) == {}
+
+
+def _exported_state_view(evaluation: Evaluation) -> dict[str, float]:
+    """llm_scaler_state_view as the scaler's /metrics collector renders it for a target holding ``evaluation``."""
+    target = Target(parse_trigger("serving", "llm", {"endpoints": "http://127.0.0.1:8000"}), worker=None)  # type: ignore[arg-type]
+    target.snapshot = Snapshot(time.monotonic(), time.time(), 1, evaluation)
+    text = generate_latest(ScalerMetrics(lambda: [target]).registry).decode()
+    return {
+        s.labels["view"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "llm_scaler_state_view"
+    }
 
 
 def _replay_mix(tracker: DemandTracker, prompt: float, generated: float) -> tuple[DemandTracker, float]:
