@@ -311,6 +311,12 @@ def _pairs(out: Path, code: str) -> dict[Pair, tuple[tuple[float, float], tuple[
     return {k: (v[False], v[True]) for k, v in pairs.items() if False in v and True in v}
 
 
+def _no_pairs(out: Path, code: str) -> int:
+    """What --matched and --nearby answer where OUT holds no restart pair made by this code."""
+    print(f"no restart runs by this code ({code}) in {out}: run restart_state and --paired first", file=sys.stderr)
+    return 1
+
+
 def matched(out: Path) -> int:
     """Whether what forgetting bought where it read more is knowledge or GPU-hours: every pair (from
     OUT/restart.json and OUT/paired.json) where the kept restart read less than the forgotten one, the kept
@@ -321,8 +327,7 @@ def matched(out: Path) -> int:
     code = code_fingerprint()
     pairs = _pairs(out, code)
     if not pairs:
-        print(f"no restart runs by this code ({code}) in {out}: run restart_state and --paired first", file=sys.stderr)
-        return 1
+        return _no_pairs(out, code)
     losing = sorted(k for k, (kept, forgot) in pairs.items() if kept[0] < forgot[0])
     runs = _load_runs(path, code)
     jobs: list[PairedJob] = [(name, at, False, seed, knob) for name, at, seed in losing for knob in MATCHED_MARGINS]
@@ -362,8 +367,7 @@ def nearby(out: Path) -> int:
     code = code_fingerprint()
     pairs = _pairs(out, code)
     if not pairs:
-        print(f"no restart runs by this code ({code}) in {out}: run restart_state and --paired first", file=sys.stderr)
-        return 1
+        return _no_pairs(out, code)
     parted = sorted(k for k, (kept, forgot) in pairs.items() if kept[0] != forgot[0])
     runs = _load_runs(path, code)
     jobs: list[PairedJob] = [
