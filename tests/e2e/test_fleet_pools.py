@@ -25,6 +25,14 @@ BEHAVIOR = {
     "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 4, "periodSeconds": 5}]},
     "scaleDown": {"stabilizationWindowSeconds": 10, "policies": [{"type": "Pods", "value": 4, "periodSeconds": 5}]},
 }
+# The reservation is paid for whether used or not: its HPA gives replicas back slowly, as a platform team
+# would set it. Two controllers act on the two pools side by side; the split serves the reserved pool its
+# size for as long as the burst pool has a share, and this window keeps the reserved Deployment there while
+# KEDA takes the burst pool to zero (its cooldown and a poll, ~20 s), however the two race.
+RESERVED_BEHAVIOR = {
+    **BEHAVIOR,
+    "scaleDown": {"stabilizationWindowSeconds": 120, "policies": [{"type": "Pods", "value": 4, "periodSeconds": 5}]},
+}
 
 
 def _ready(pods: Pods, ns: str, app: str) -> int:
@@ -64,14 +72,17 @@ def test_the_burst_pool_grows_only_past_the_reservation_and_shrinks_first(api: A
     burst.create(grace_s=5)
     # the reserved pool's size is its maxReplicaCount, read from its ScaledObject (no poolSize)
     reserved.scaled_object({**COMMON, "service": RESERVED, "poolTier": "reserved", "replicaCostPerHour": "10"},
-                           min_replicas=1, max_replicas=3, behavior=BEHAVIOR, cooldown_s=10)  # fmt: skip
+                           min_replicas=1, max_replicas=3, behavior=RESERVED_BEHAVIOR, cooldown_s=10)  # fmt: skip
     burst.scaled_object({**COMMON, "service": BURST, "poolTier": "burst", "replicaCostPerHour": "9"},
                         trigger="external-push", min_replicas=0, max_replicas=4, behavior=BEHAVIOR,
                         cooldown_s=10)  # fmt: skip
     eventually(lambda: _ready(pods, ns, RESERVED) >= 1, 60, "the first reserved pod ready")
 
-    # 3.5 req/s: 1.3 replicas (a step from nothing reads higher for a while: still inside the reservation)
-    pods.load(ns, RESERVED, 3.5)
+    # 2.5 req/s, 0.9 replicas; the scaler plans for the offered rate plus two spreads of the 2-s bins
+    # (demand.py), about 1.7 replicas, and while the step from nothing is in its 20-s window the step counts
+    # as spread too: up to about 2.3, still inside the reservation. At 3.5 req/s that peak read 3.04 on a
+    # loaded machine, and a burst replica started while the reservation had room
+    pods.load(ns, RESERVED, 2.5)
     eventually(lambda: reserved.spec_replicas() == 2, 120, "the reserved pool grows to 2")
     for _ in range(15):
         assert burst.spec_replicas() == 0, "a burst replica while the reservation had room"
@@ -107,10 +118,12 @@ def test_the_burst_pool_grows_only_past_the_reservation_and_shrinks_first(api: A
     cost = scaler_metric("llm_scaler_fleet_cost_per_hour", namespace=ns, fleet="llama")
     assert cost is not None and cost >= 3 * 10 + 9, cost  # the reservation whole, and the burst replicas running
 
-    # 7 req/s: 2.6 replicas, inside the reservation: the burst pool gives all its replicas back, the
-    # reserved pool keeps its 3 until then
+    # 3.5 req/s, inside the reservation even as the scaler plans it (4-7 req/s once the step down has left
+    # the window): the burst pool gives all its replicas back, the reserved pool keeps its 3 until then. At
+    # 7 req/s the plan read 7.5-11 (the spread of 2-s bins is 1.9 req/s there): the burst pool rightly kept
+    # a replica, and went to zero only once the spread read low for a cooldown (a CI run waited 240 s in vain)
     pods.load(ns, BURST, 0.0)
-    pods.load(ns, RESERVED, 7.0)
+    pods.load(ns, RESERVED, 3.5)
     shrinking: list[tuple[int, int, float | None, float | None]] = []
     burst_active: list[float | None] = []
 
