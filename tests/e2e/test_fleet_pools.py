@@ -25,10 +25,11 @@ BEHAVIOR = {
     "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 4, "periodSeconds": 5}]},
     "scaleDown": {"stabilizationWindowSeconds": 10, "policies": [{"type": "Pods", "value": 4, "periodSeconds": 5}]},
 }
-# The reservation is paid for whether used or not: its HPA gives replicas back slowly, as a platform team
-# would set it. Two controllers act on the two pools side by side; the split serves the reserved pool its
-# size for as long as the burst pool has a share, and this window keeps the reserved Deployment there while
-# KEDA takes the burst pool to zero (its cooldown and a poll, ~20 s), however the two race.
+# The reservation is paid for whether used or not: its HPA holds its replicas for 120 s before giving any
+# back, as a platform team would set it. Two controllers act on the two pools side by side. The split serves
+# the reserved pool its size for as long as the burst pool has a share (what the served shares below test);
+# this window keeps the reserved Deployment at that size while KEDA takes the burst pool to zero (the old
+# load's bins leave the 20-s window, then its cooldown and a poll: 30-45 s), however the two race.
 RESERVED_BEHAVIOR = {
     **BEHAVIOR,
     "scaleDown": {"stabilizationWindowSeconds": 120, "policies": [{"type": "Pods", "value": 4, "periodSeconds": 5}]},
@@ -78,12 +79,13 @@ def test_the_burst_pool_grows_only_past_the_reservation_and_shrinks_first(api: A
                         cooldown_s=10)  # fmt: skip
     eventually(lambda: _ready(pods, ns, RESERVED) >= 1, 60, "the first reserved pod ready")
 
-    # 2.5 req/s, 0.9 replicas; the scaler plans for the offered rate plus two spreads of the 2-s bins
-    # (demand.py), about 1.7 replicas, and while the step from nothing is in its 20-s window the step counts
-    # as spread too: up to about 2.3, still inside the reservation. At 3.5 req/s that peak read 3.04 on a
-    # loaded machine, and a burst replica started while the reservation had room
-    pods.load(ns, RESERVED, 2.5)
-    eventually(lambda: reserved.spec_replicas() == 2, 120, "the reserved pool grows to 2")
+    # 2 req/s, 0.7 replicas. The scaler plans for the offered rate, its growth and two spreads of the 4-s
+    # bins (demand.py), and while the step from nothing is in its 20-s window the step counts as spread too:
+    # the plan peaks well above the rate. At 3.5 req/s that peak read 3.04 replicas, and a burst replica
+    # started while the reservation had room; at 2.5 req/s about 1 % of runs would still pass 3 (Poisson
+    # arrivals through the scaler's DemandTracker). The peak may also take the reserved pool straight to 3
+    pods.load(ns, RESERVED, 2.0)
+    eventually(lambda: reserved.spec_replicas() >= 2, 120, "the reserved pool grows to 2 or more")
     for _ in range(15):
         assert burst.spec_replicas() == 0, "a burst replica while the reservation had room"
         assert _served(ns, BURST) == 0.0
@@ -118,10 +120,11 @@ def test_the_burst_pool_grows_only_past_the_reservation_and_shrinks_first(api: A
     cost = scaler_metric("llm_scaler_fleet_cost_per_hour", namespace=ns, fleet="llama")
     assert cost is not None and cost >= 3 * 10 + 9, cost  # the reservation whole, and the burst replicas running
 
-    # 3.5 req/s, inside the reservation even as the scaler plans it (4-7 req/s once the step down has left
-    # the window): the burst pool gives all its replicas back, the reserved pool keeps its 3 until then. At
-    # 7 req/s the plan read 7.5-11 (the spread of 2-s bins is 1.9 req/s there): the burst pool rightly kept
-    # a replica, and went to zero only once the spread read low for a cooldown (a CI run waited 240 s in vain)
+    # 3.5 req/s, inside the reservation as the scaler plans it (it read 3.8-6.0 req/s once the step down had
+    # left the window; a rare reading past 8.1 only restarts the burst pool's cooldown): the burst pool gives
+    # all its replicas back, the reserved pool keeps its 3 until then. At 7 req/s the plan read 7.5-11 (two
+    # spreads of 4-s bins are 2.6 req/s there, plus growth): the burst pool rightly kept a replica, and went
+    # to zero only once the spread read low for a cooldown (a CI run waited 240 s for it in vain)
     pods.load(ns, BURST, 0.0)
     pods.load(ns, RESERVED, 3.5)
     shrinking: list[tuple[int, int, float | None, float | None]] = []
