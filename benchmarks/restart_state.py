@@ -6,6 +6,7 @@
     python -m benchmarks.restart_state --paired 1,2 [OUT_DIR]     # other draws of every day, ~40 min
     python -m benchmarks.restart_state --matched [OUT_DIR]   # the kept runs that read less, with more margin
     python -m benchmarks.restart_state --nearby [OUT_DIR]    # the pairs that parted, restarts moved by 5-10 s
+    python -m benchmarks.restart_state --views DAY RESTART_AT SEED FROM TO   # what each view read, ~3 min each
 
 Each day: six hours of ServeGen's aggregate curve for one model, with the mix's tokens, scaled so its
 busiest 10-minute window needs PEAK_REPLICAS replicas at the profile's capacity at the 2 s TTFT SLO on
@@ -159,6 +160,51 @@ def windows(name: str, restart_at: float, seed: int = 0, window_s: float = 600.0
             )
         if any(per.get(w, [0, 0])[0] for per, _ in runs):
             print(f"| {w * window_s:.0f}-{(w + 1) * window_s:.0f} | " + " | ".join(cells) + " |")
+    return 0
+
+
+def views(name: str, restart_at: float, seed: int, start: float, end: float) -> int:
+    """What the scaler read every scrape from ``start`` to ``end`` s of one day, with no restart and with a
+    kept restart at ``restart_at``: the answer, the view that stood, and the demand each view estimated
+    (need = offered + growth + 2 x spread, the capacity and where it came from). Why a kept run asked for
+    more than the cold view at some instant, beside what the uninterrupted scaler read there. Prints a
+    markdown table, one row per 10 s."""
+    from keda_llm_scaler.sim import policies
+
+    def read(tracker: Any, params: Any, now: float) -> str:
+        d = None if tracker is None else tracker.estimate(now, params.replica_capacity, params.startup_s)
+        if d is None:
+            return "—"
+        cap = "—" if d.capacity_rps is None else f"{d.capacity_rps:.1f} {d.capacity_source}"
+        return f"{d.need_rps:.1f} = {d.offered_rps:.1f} + {d.growth_rps:.1f} + 2 x {d.spread_rps:.2f}; {cap}"
+
+    rows: dict[float | None, dict[int, tuple[str, ...]]] = {None: {}, restart_at: {}}
+    sample = policies.CompositePolicy.sample
+    for at in rows:
+
+        def recording(policy: Any, now: float, fleet: Any, at: float | None = at) -> None:
+            sample(policy, now, fleet)
+            slot = int(now // 10)
+            if start <= now <= end and slot not in rows[at]:
+                state = policy._state
+                value = "—" if policy.last is None else f"{policy.last.value:.2f}"
+                cold = read(state.demand.cold_view, state.params, now)
+                rows[at][slot] = (value, policy._view or "", read(state.demand, state.params, now), cold)
+
+        policies.CompositePolicy.sample = recording  # type: ignore[method-assign]
+        try:
+            simulate(_day(name, seed)[0], _config((name, at, False, None), seed=seed))
+        finally:
+            policies.CompositePolicy.sample = sample  # type: ignore[method-assign]
+    print(
+        f"| {name}, draw {seed}, t (s) | no restart: answer | its need (req/s) = offered + growth + 2 x spread; "
+        f"capacity | kept at {restart_at:g} s: answer (view) | kept's need | the cold view's need |"
+    )
+    print("|---|---|---|---|---|---|")
+    for slot in sorted(set(rows[None]) | set(rows[restart_at])):
+        a = rows[None].get(slot, ("—", "", "—", "—"))
+        b = rows[restart_at].get(slot, ("—", "", "—", "—"))
+        print(f"| {slot * 10} | {a[0]} | {a[2]} | {b[0]} ({b[1] or '—'}) | {b[2]} | {b[3]} |")
     return 0
 
 
@@ -408,6 +454,8 @@ def main(argv: list[str]) -> int:
         return matched(Path(argv[1]) if len(argv) > 1 else Path("docs/state"))
     if argv[:1] == ["--nearby"]:
         return nearby(Path(argv[1]) if len(argv) > 1 else Path("docs/state"))
+    if argv[:1] == ["--views"]:
+        return views(argv[1], float(argv[2]), int(argv[3]), float(argv[4]), float(argv[5]))
     if argv[:1] == ["--windows"]:
         return windows(argv[1], float(argv[2]), int(argv[3]) if len(argv) > 3 else 0)
     if argv[:1] == ["--paired"]:
