@@ -566,7 +566,10 @@ async def test_two_scaler_pods_answer_alike_and_a_standby_takes_over_warm(tmp_pa
                 async with channel_to(standby) as ch2:
                     failover = KedaEmulator(ch2, "llm", "serving", meta)
                     await eventually(lambda: _poll(failover), timeout=15.0)
-                    assert _learned_capacity(standby.metrics_port) == pytest.approx(cap, rel=0.01)
+                    # a cold standby has no learned capacity at its first answer (none: seen with its own
+                    # state dir); this one has the primary's, which its own first readings of the overload
+                    # have moved already (by up to 6 % on a loaded machine, where 1 % failed 1 run in 4)
+                    assert _learned_capacity(standby.metrics_port) == pytest.approx(cap, rel=0.1)
                     second = (await failover.poll()).value
                     assert abs(second - first) <= 1.0, (first, second)
         finally:
